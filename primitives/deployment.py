@@ -1,0 +1,349 @@
+"""Deployments: a model architecture, a GPU datasheet and a tensor-parallel degree.
+
+Everything the physics primitives need about a deployment is derived here, once,
+as named constants (``Deployment.constants``); the Python evaluator and the Go
+generator both read those constants.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from .builtin import BUILTIN_GPUS, BUILTIN_MODEL_CONFIGS, DEFAULT_GPU
+from .errors import InputError
+
+KV_BLOCK_TOKENS = 16
+GIB = 1 << 30
+# Memory a vLLM worker keeps out of the KV cache besides the weights (activation
+# peak, CUDA graphs, NCCL buffers). Measured from the real traces: with 0.9 of an
+# 80 GiB H100, Llama-2-70B TP4 reports 31,356 KV blocks and CodeLlama-34B TP2
+# 26,602, which leaves 1.7 GB per GPU in both cases.
+NON_KV_RESERVE_BYTES = 1.7e9
+
+_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "half": 2, "float32": 4, "float": 4, "float8": 1}
+_KNOWN_ARCHITECTURES = {
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen2ForCausalLM",
+}
+_REQUIRED_MODEL_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "vocab_size",
+)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The architecture facts of a decoder-only transformer (from ``config.json``)."""
+
+    name: str
+    architecture: str
+    hidden_size: int
+    intermediate_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    n_experts: int = 1  # 1 for dense models
+    experts_per_tok: int = 1
+    dtype_bytes: int = 2
+    tie_word_embeddings: bool = False
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 1
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        q_o = 2 * self.hidden_size * self.n_heads * self.head_dim
+        k_v = 2 * self.hidden_size * self.n_kv_heads * self.head_dim
+        return q_o + k_v
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of one gated MLP (one expert for MoE)."""
+        return 3 * self.hidden_size * self.intermediate_size
+
+    @property
+    def mlp_params_per_layer(self) -> int:
+        router = self.hidden_size * self.n_experts if self.is_moe else 0
+        return self.n_experts * self.expert_params + router
+
+    @property
+    def embedding_params(self) -> int:
+        heads = 1 if self.tie_word_embeddings else 2
+        return heads * self.vocab_size * self.hidden_size
+
+    @property
+    def total_params(self) -> int:
+        norms = (2 * self.n_layers + 1) * self.hidden_size
+        per_layer = self.attention_params_per_layer + self.mlp_params_per_layer
+        return self.n_layers * per_layer + self.embedding_params + norms
+
+    @property
+    def active_matmul_params(self) -> float:
+        """Parameters one token multiplies through in the layers (top-k experts for MoE)."""
+        mlp = self.experts_per_tok * self.expert_params + (self.hidden_size * self.n_experts if self.is_moe else 0)
+        return float(self.n_layers * (self.attention_params_per_layer + mlp))
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token in every layer, over all GPUs."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.dtype_bytes
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """The datasheet figures the physics uses, in SI units."""
+
+    name: str
+    dense_flops_per_s: float
+    hbm_bytes_per_s: float
+    nvlink_bytes_per_s: float
+    memory_bytes: float
+
+
+@dataclass(frozen=True)
+class Deployment:
+    model: ModelSpec
+    gpu: GpuSpec
+    tp: int
+
+    @property
+    def key(self) -> tuple[str, int, str]:
+        return (self.model.name, self.tp, self.gpu.name)
+
+    @property
+    def weight_bytes_per_gpu(self) -> float:
+        return self.model.total_params * self.model.dtype_bytes / self.tp
+
+    @property
+    def kv_bytes_per_token_per_gpu(self) -> float:
+        return self.model.kv_bytes_per_token / self.tp
+
+    def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
+        """KV-cache tokens that fit per GPU, rounded down to whole 16-token blocks."""
+        free = gpu_memory_utilization * self.gpu.memory_bytes - self.weight_bytes_per_gpu - NON_KV_RESERVE_BYTES
+        blocks = int(max(free, 0.0) // (self.kv_bytes_per_token_per_gpu * KV_BLOCK_TOKENS))
+        return blocks * KV_BLOCK_TOKENS
+
+    @property
+    def constants(self) -> dict[str, float]:
+        """Named deployment constants, the only way primitives see a deployment."""
+        m, g = self.model, self.gpu
+        return {
+            "weight_bytes_per_gpu": self.weight_bytes_per_gpu,
+            "active_params_per_gpu": m.active_matmul_params / self.tp,
+            "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_per_gpu,
+            "attn_flops_per_token_pair_per_gpu": 4.0 * m.n_layers * m.n_heads * m.head_dim / self.tp,
+            "allreduce_bytes_per_token": 2.0 * m.n_layers * m.hidden_size * m.dtype_bytes,
+            "hbm_bytes_per_us": g.hbm_bytes_per_s / 1e6,
+            "dense_flops_per_us": g.dense_flops_per_s / 1e6,
+            "nvlink_bytes_per_us": g.nvlink_bytes_per_s / 1e6,
+            "n_layers": float(m.n_layers),
+            "tp": float(self.tp),
+            "moe_topk_ratio": m.experts_per_tok / m.n_experts,
+        }
+
+
+# ---------------------------------------------------------------------------
+# Parsing
+
+
+def _need(cfg: dict, key: str, path: object, kind: type = int):
+    if key not in cfg or cfg[key] is None:
+        raise InputError(path, key, f"a required field is missing (expected a {kind.__name__})")
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(path, key, f"expected a number, got {value!r}")
+    if value <= 0:
+        raise InputError(path, key, f"expected a positive number, got {value!r}")
+    return kind(value)
+
+
+def model_from_config(cfg: dict, name: str, path: object = "<built-in>") -> ModelSpec:
+    """Build a ModelSpec from a HuggingFace ``config.json`` mapping."""
+    archs = cfg.get("architectures") or []
+    arch = archs[0] if archs else None
+    if arch not in _KNOWN_ARCHITECTURES:
+        raise InputError(
+            path, "architectures", f"unknown architecture {arch!r}; expected one of {sorted(_KNOWN_ARCHITECTURES)}"
+        )
+    for key in _REQUIRED_MODEL_FIELDS:
+        _need(cfg, key, path)
+    n_heads = int(cfg["num_attention_heads"])
+    n_kv = int(cfg.get("num_key_value_heads") or n_heads)  # absent means plain multi-head attention
+    head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // n_heads)
+    n_experts = int(cfg.get("num_local_experts") or 1)
+    experts_per_tok = int(cfg.get("num_experts_per_tok") or 1) if n_experts > 1 else 1
+    dtype = str(cfg.get("torch_dtype") or "bfloat16")
+    if dtype not in _DTYPE_BYTES:
+        raise InputError(path, "torch_dtype", f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPE_BYTES)}")
+    return ModelSpec(
+        name=name,
+        architecture=arch,
+        hidden_size=int(cfg["hidden_size"]),
+        intermediate_size=int(cfg["intermediate_size"]),
+        n_layers=int(cfg["num_hidden_layers"]),
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
+        vocab_size=int(cfg["vocab_size"]),
+        n_experts=n_experts,
+        experts_per_tok=experts_per_tok,
+        dtype_bytes=_DTYPE_BYTES[dtype],
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+    )
+
+
+def gpu_from_datasheet(sheet: dict, path: object = "<built-in>") -> GpuSpec:
+    """Build a GpuSpec from a datasheet JSON like ``hardware/h100-sxm.json``."""
+
+    def get(section: str, key: str) -> float:
+        block = sheet.get(section)
+        if not isinstance(block, dict) or block.get(key) is None:
+            raise InputError(path, f"{section}.{key}", "a required datasheet field is missing")
+        value = block[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise InputError(path, f"{section}.{key}", f"expected a positive number, got {value!r}")
+        return float(value)
+
+    compute = sheet.get("compute") if isinstance(sheet.get("compute"), dict) else {}
+    key = "bf16_tensor_core" if "bf16_tensor_core" in compute else "fp16_tensor_core"
+    tflops = get("compute", key)
+    if compute.get("with_sparsity", False):
+        tflops /= 2.0  # datasheets list the 2:4-sparsity figure; dense is half
+    return GpuSpec(
+        name=str(sheet.get("name") or Path(str(path)).stem),
+        dense_flops_per_s=tflops * 1e12,
+        hbm_bytes_per_s=get("memory", "bandwidth_tb_s") * 1e12,
+        nvlink_bytes_per_s=get("interconnect", "nvlink_bandwidth_gb_s") * 1e9,
+        memory_bytes=get("memory", "capacity_gb") * GIB,  # an "80 GB" H100 holds 80 GiB
+    )
+
+
+def read_json(path: Path) -> dict:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InputError(path, None, f"cannot read file ({exc.strerror})") from None
+    if not text.strip():
+        raise InputError(path, None, "the file is empty; expected a JSON object")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(path, None, f"not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(data, dict):
+        raise InputError(path, None, "expected a JSON object")
+    return data
+
+
+# ---------------------------------------------------------------------------
+# Name resolution: trace names (``llama-2-70b``), HF ids and folder names.
+
+
+def canonical_model_key(name: str) -> str:
+    """Reduce any spelling of a model name to a comparison key.
+
+    ``meta-llama/Llama-2-70b-hf``, ``Llama-2-70b-hf``, ``llama-2-70b`` and
+    ``llama-2-70b-hf`` all become ``llama270b``; ``mixtral-8x7b-v0-1`` and
+    ``Mixtral-8x7B-v0.1`` both become ``mixtral8x7bv01``.
+    """
+    base = name.strip().rstrip("/").split("/")[-1].lower()
+    base = re.sub(r"-(hf|instruct)(?=$|-)", "", base)
+    base = re.sub(r"-(hf|instruct)(?=$|-)", "", base)
+    return re.sub(r"[^a-z0-9]", "", base)
+
+
+@dataclass
+class ModelCatalog:
+    """Model configs by name: the built-ins, or HF ``config.json`` folders."""
+
+    configs: dict[str, tuple[dict, str]] = field(default_factory=dict)  # key -> (config, source)
+    names: dict[str, str] = field(default_factory=dict)  # key -> display name
+
+    @classmethod
+    def builtin(cls) -> "ModelCatalog":
+        cat = cls()
+        for name, cfg in BUILTIN_MODEL_CONFIGS.items():
+            cat.add(name, cfg, "<built-in>")
+        return cat
+
+    @classmethod
+    def from_dir(cls, directory: Path) -> "ModelCatalog":
+        """Every ``*/config.json`` below DIR (or DIR/config.json itself)."""
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise InputError(directory, None, "expected a directory of HuggingFace config.json folders")
+        cat = cls()
+        files = sorted(directory.glob("**/config.json"))
+        if not files:
+            raise InputError(directory, "config.json", "no */config.json found below this directory")
+        for f in files:
+            name = f.parent.name if f.parent != directory else directory.name
+            cat.add(name, read_json(f), str(f))
+        return cat
+
+    def add(self, name: str, cfg: dict, source: str) -> None:
+        key = canonical_model_key(name)
+        self.configs[key] = (cfg, source)
+        self.names[key] = name.split("/")[-1]
+
+    def model(self, name: str) -> ModelSpec:
+        key = canonical_model_key(name)
+        if key not in self.configs:
+            known = ", ".join(sorted(self.names.values()))
+            raise InputError(name, "model", f"no config for model {name!r}; known models: {known}")
+        cfg, source = self.configs[key]
+        return model_from_config(cfg, self.names[key], source)
+
+
+@dataclass
+class DeploymentResolver:
+    """Turns (model name, TP, GPU name) found in data into Deployments."""
+
+    catalog: ModelCatalog = field(default_factory=ModelCatalog.builtin)
+    gpus: dict[str, GpuSpec] = field(default_factory=dict)
+    default_gpu: str = DEFAULT_GPU
+
+    def __post_init__(self) -> None:
+        if not self.gpus:
+            self.gpus = {n: gpu_from_datasheet(s) for n, s in BUILTIN_GPUS.items()}
+
+    @classmethod
+    def from_options(cls, model_configs: Path | None = None, gpu_datasheet: Path | None = None) -> "DeploymentResolver":
+        catalog = ModelCatalog.from_dir(model_configs) if model_configs else ModelCatalog.builtin()
+        resolver = cls(catalog=catalog)
+        if gpu_datasheet:
+            gpu = gpu_from_datasheet(read_json(Path(gpu_datasheet)), gpu_datasheet)
+            resolver.gpus[gpu.name] = gpu
+            resolver.default_gpu = gpu.name
+        return resolver
+
+    def gpu(self, name: str | None) -> GpuSpec:
+        if not name:
+            return self.gpus[self.default_gpu]
+        for known, spec in self.gpus.items():
+            if re.sub(r"[^a-z0-9]", "", known.lower()) == re.sub(r"[^a-z0-9]", "", str(name).lower()):
+                return spec
+        raise InputError(name, "gpu", f"no datasheet for GPU {name!r}; known: {sorted(self.gpus)}")
+
+    def resolve(self, model: str, tp: int, gpu: str | None = None) -> Deployment:
+        return _cached_deployment(self.catalog.model(model), self.gpu(gpu), int(tp))
+
+
+@lru_cache(maxsize=None)
+def _cached_deployment(model: ModelSpec, gpu: GpuSpec, tp: int) -> Deployment:
+    return Deployment(model=model, gpu=gpu, tp=tp)
+
+
+def default_resolver() -> DeploymentResolver:
+    return DeploymentResolver()
