@@ -1,0 +1,32 @@
+"""The configuration of one search run (what `python -m evolve run` was asked to do)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class RunConfig:
+    generations: int = 200
+    population: int = 200
+    data: list[str] = field(default_factory=list)  # step trace files/dirs; empty = embedded default
+    experiments: str | None = None  # experiment directories for replayed E2E objectives
+    seed: int = 0
+    jobs: int = 1
+    run_dir: str | None = None
+    time_limit_s: float | None = None
+    model_configs: str | None = None  # folder of HF config.json folders; None = built-ins
+    gpu_datasheet: str | None = None
+    validation_fraction: float = 0.2  # temporal holdout per experiment
+    max_depth: int = 8
+    max_size: int = 40
+    checkpoint_every: int = 5
+    backend: str = "loky"  # or "dask"
+    scheduler: str | None = None  # dask scheduler address
+    resume: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
