@@ -1,0 +1,112 @@
+"""Which model on the Pareto front to ship: a PySR-like "best" rule.
+
+The rule (``recommend``), in the order it is applied:
+
+1. **Error to compare.** Each entry's error is the worst of the errors it was scored
+   on: ``max(step_mape, e2e_error, ttft_error, itl_error)``, using only those of the
+   four objectives that *every* candidate carries (so a model is never preferred just
+   because it was not replayed end to end). A model that predicts steps well but
+   replays latencies badly is thus judged by the latency it gets wrong — the
+   recommended model is the one to ship, not the best per-step fit.
+2. **Two-objective front.** Sort by complexity and keep only entries whose error is
+   strictly lower than every simpler entry's (at equal complexity, the lower error,
+   then the smaller id). Entries with a non-finite error are dropped.
+3. **Score.** For each kept entry after the simplest, the score is the drop in
+   log(error) per unit of log(complexity) from the previous kept entry::
+
+       score_i = -(ln e_i - ln e_{i-1}) / (ln c_i - ln c_{i-1})
+
+   The simplest entry scores 0. (PySR's "best" divides by the complexity step itself;
+   dividing by the log step makes the score independent of how complexity is counted
+   — a step from 5 to 10 nodes costs as much as one from 20 to 40.) Errors are
+   floored at 1e-12 and complexities at 1 so the logs stay finite.
+4. **Accuracy gate.** Only entries with error <= 1.5 x the lowest error on the front
+   are eligible (as in PySR): a big relative gain at a crude model does not win.
+5. **Choice.** The eligible entry with the highest score; ties go to lower
+   complexity, then to the smaller id, so the choice is deterministic.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from archive.entry import ArchiveEntry
+
+ERROR_OBJECTIVES = ("step_mape", "e2e_error", "ttft_error", "itl_error")
+ACCURACY_GATE = 1.5  # eligible: error <= ACCURACY_GATE * lowest error on the front
+_ERROR_FLOOR = 1e-12
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """One entry of the two-objective front with its selection figures."""
+
+    entry: ArchiveEntry
+    error: float  # combined (worst-case) error
+    score: float  # drop in log error per unit of log complexity
+    eligible: bool  # within the accuracy gate
+
+
+def error_keys(entries: list[ArchiveEntry]) -> tuple[str, ...]:
+    """The error objectives every entry carries (in ERROR_OBJECTIVES order)."""
+    keys = [k for k in ERROR_OBJECTIVES if all(k in e.objectives for e in entries)]
+    return tuple(keys)
+
+
+def combined_error(entry: ArchiveEntry, keys: tuple[str, ...] | None = None) -> float:
+    """Worst-case error over ``keys`` (default: the error objectives the entry has); NaN if none."""
+    keys = keys if keys is not None else tuple(k for k in ERROR_OBJECTIVES if k in entry.objectives)
+    values = []
+    for k in keys:
+        try:
+            v = abs(float(entry.objectives[k]))  # a signed bias error counts by its size
+        except (KeyError, TypeError, ValueError):
+            return math.nan
+        values.append(v)
+    return max(values) if values else math.nan
+
+
+def rank(entries: list[ArchiveEntry]) -> list[Ranked]:
+    """Steps 1-4 of the rule: the two-objective front by complexity, with scores."""
+    keys = error_keys(list(entries))
+    if not keys:
+        return []
+    candidates = []
+    for e in entries:
+        err = combined_error(e, keys)
+        if math.isfinite(err):
+            candidates.append((max(int(e.complexity), 1), err, e.id, e))
+    candidates.sort(key=lambda c: (c[0], c[1], c[2]))
+    front: list[tuple[int, float, str, ArchiveEntry]] = []
+    for c in candidates:
+        if front and c[0] == front[-1][0]:
+            continue  # same complexity: the first (lowest error, then id) wins
+        if front and c[1] >= front[-1][1]:
+            continue  # not better than a simpler model
+        front.append(c)
+    if not front:
+        return []
+    lowest = min(c[1] for c in front)
+    out = []
+    for i, (cx, err, _, e) in enumerate(front):
+        if i == 0:
+            score = 0.0
+        else:
+            pcx, perr = front[i - 1][0], front[i - 1][1]
+            score = -(math.log(max(err, _ERROR_FLOOR)) - math.log(max(perr, _ERROR_FLOOR))) / (
+                math.log(cx) - math.log(pcx)
+            )
+        out.append(Ranked(entry=e, error=err, score=score, eligible=err <= ACCURACY_GATE * lowest))
+    return out
+
+
+def recommend(entries: list[ArchiveEntry]) -> ArchiveEntry:
+    """The front entry to ship (see the module docstring for the rule).
+
+    Raises ValueError when no entry has a finite error on the common objectives.
+    """
+    ranked = [r for r in rank(list(entries)) if r.eligible]
+    if not ranked:
+        raise ValueError("no entry with a finite error on the objectives all entries share")
+    best = min(ranked, key=lambda r: (-r.score, r.entry.complexity, r.entry.id))
+    return best.entry

@@ -1,0 +1,515 @@
+"""The run archive: one sqlite file per run directory, safe against a killed process.
+
+Layout of a run directory (``python -m evolve run --run-dir DIR``)::
+
+    DIR/archive.sqlite   runs, entries and per-generation fronts (this module)
+    DIR/checkpoints/     search checkpoints (evolve.search)
+    DIR/plots/           figures
+
+``./runs/LATEST`` names the most recent run directory so that ``python -m evolve
+archive ...`` works without ``--run-dir``.
+
+Why sqlite: every write is one transaction (``BEGIN IMMEDIATE`` inside ``with conn:``),
+the database runs in WAL mode with ``synchronous=FULL``, so a SIGKILL (or Ctrl-C) in the
+middle of ``record_generation`` leaves the previous generation complete and the file
+intact; a reader never sees half a generation.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator
+
+from archive.entry import ArchiveEntry
+from primitives.errors import InputError
+
+ARCHIVE_FILENAME = "archive.sqlite"
+RUNS_DIRNAME = "runs"
+LATEST_FILENAME = "LATEST"
+SCHEMA_VERSION = 1
+HOW_TO_FIND_IDS = "list ids with `python -m evolve archive list` (add --all for every archived entry)"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    started_at TEXT NOT NULL,
+    finished_at TEXT,
+    config_json TEXT NOT NULL,
+    seed INTEGER NOT NULL,
+    dataset_fingerprint TEXT NOT NULL,
+    status TEXT NOT NULL,              -- running | finished | interrupted | failed
+    summary_json TEXT
+);
+CREATE TABLE IF NOT EXISTS entries (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    id TEXT NOT NULL,
+    generation INTEGER NOT NULL,       -- generation the expression was FIRST found in
+    last_generation INTEGER NOT NULL,  -- last generation that recorded it
+    complexity INTEGER NOT NULL,
+    step_mape REAL,
+    on_front INTEGER NOT NULL,         -- on the latest recorded front of its run
+    payload TEXT NOT NULL,             -- ArchiveEntry.to_dict() as JSON
+    PRIMARY KEY (run_id, id)
+);
+CREATE INDEX IF NOT EXISTS entries_id ON entries(id);
+CREATE TABLE IF NOT EXISTS generations (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    generation INTEGER NOT NULL,
+    recorded_at TEXT NOT NULL,
+    front_ids TEXT NOT NULL,           -- JSON list of entry ids, by complexity
+    best_ids TEXT NOT NULL,            -- JSON list: best entry per complexity
+    stats_json TEXT NOT NULL,
+    PRIMARY KEY (run_id, generation)
+);
+"""
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _json_default(obj: object) -> object:
+    # numpy scalars/arrays and Paths show up in stats and configs; store them as plain JSON.
+    if hasattr(obj, "item") and callable(obj.item):
+        try:
+            return obj.item()
+        except (ValueError, TypeError):
+            pass
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, (Path, set, frozenset, tuple)):
+        return str(obj) if isinstance(obj, Path) else list(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def _dumps(obj: object) -> str:
+    return json.dumps(obj, default=_json_default, sort_keys=True)
+
+
+def _finite_or_none(value: object) -> float | None:
+    try:
+        f = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One row of the ``runs`` table."""
+
+    run_id: str
+    started_at: str
+    finished_at: str | None
+    status: str
+    seed: int
+    dataset_fingerprint: str
+    config: dict = field(default_factory=dict)
+    summary: dict | None = None
+    last_generation: int | None = None  # None: no generation recorded yet
+
+
+class ArchiveStore:
+    """Transactional sqlite archive of search runs.
+
+    ``ArchiveStore(path)`` creates the file (and its directory) if needed; pass
+    ``create=False`` to open an existing archive only (a missing or foreign file is an
+    ``InputError``). Use as a context manager or call ``close()``.
+    """
+
+    def __init__(self, path: str | os.PathLike, create: bool = True):
+        self.path = Path(path)
+        if not create and not self.path.is_file():
+            raise InputError(self.path, None, "no archive file here; run `python -m evolve run` first or pass --run-dir")
+        try:
+            if create:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            # isolation_level=None: we open every transaction ourselves (BEGIN IMMEDIATE).
+            self._conn = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise InputError(self.path, None, f"cannot open the archive ({exc})") from None
+        try:
+            self._conn.execute("PRAGMA busy_timeout = 30000")
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            # FULL: a committed generation survives even an OS crash, not just a killed process.
+            self._conn.execute("PRAGMA synchronous = FULL")
+            self._conn.execute("PRAGMA foreign_keys = ON")
+            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise InputError(self.path, "schema", f"archive schema {version} is newer than this program's ({SCHEMA_VERSION})")
+            if version < SCHEMA_VERSION:
+                with self._tx():
+                    # one statement at a time: executescript() would COMMIT mid-transaction
+                    for stmt in _SCHEMA.split(";"):
+                        if stmt.strip():
+                            self._conn.execute(stmt)
+                    self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise InputError(self.path, None, f"not a readable archive ({exc})") from None
+
+    # -- plumbing -------------------------------------------------------------------
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> "ArchiveStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self, write: bool = True) -> Iterator[sqlite3.Connection]:
+        """One transaction: all of it is committed or none of it (rollback on error/kill)."""
+        conn = self._conn
+        with conn:  # commits on success, rolls back on an exception
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            yield conn
+
+    def _run_row(self, conn: sqlite3.Connection, run_id: str) -> tuple:
+        row = conn.execute(
+            "SELECT run_id, config_json, seed, dataset_fingerprint FROM runs WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        if row is None:
+            known = [r[0] for r in conn.execute("SELECT run_id FROM runs ORDER BY started_at")]
+            raise InputError(self.path, "run_id", f"no run {run_id!r} in this archive; runs: {known or 'none'}")
+        return row
+
+    def _resolve_run(self, conn: sqlite3.Connection, run_id: str | None) -> str | None:
+        if run_id is not None:
+            self._run_row(conn, run_id)
+            return run_id
+        row = conn.execute("SELECT run_id FROM runs ORDER BY started_at DESC, rowid DESC LIMIT 1").fetchone()
+        return None if row is None else row[0]
+
+    # -- writing --------------------------------------------------------------------
+    def start_run(self, run_id: str, config: dict, seed: int, fingerprint: str) -> None:
+        """Register a run (or mark a resumed one running again).
+
+        Resuming a run against different data would mix incomparable scores, so a
+        changed dataset fingerprint is refused.
+        """
+        with self._tx() as conn:
+            row = conn.execute("SELECT dataset_fingerprint FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if row is None:
+                conn.execute(
+                    "INSERT INTO runs (run_id, started_at, config_json, seed, dataset_fingerprint, status)"
+                    " VALUES (?, ?, ?, ?, ?, 'running')",
+                    (run_id, utc_now(), _dumps(config), int(seed), str(fingerprint)),
+                )
+                return
+            if row[0] and fingerprint and row[0] != fingerprint:
+                raise InputError(
+                    self.path, "dataset_fingerprint",
+                    f"run {run_id!r} was made on data {row[0]}, not {fingerprint}; start a new run instead of resuming",
+                )
+            conn.execute(
+                "UPDATE runs SET status = 'running', finished_at = NULL, config_json = ? WHERE run_id = ?",
+                (_dumps(config), run_id),
+            )
+
+    def record_generation(
+        self,
+        run_id: str,
+        generation: int,
+        front: list[ArchiveEntry],
+        best_by_complexity: list[ArchiveEntry],
+        stats: dict,
+    ) -> None:
+        """Store one generation's front, best-per-complexity list and stats atomically.
+
+        An entry keeps the generation it was first found in: the smallest of the
+        generation already stored, ``entry.generation`` and ``generation``. Its payload
+        (objectives, per-experiment scores...) is replaced by the newest one.
+        Re-recording a generation (after a resume) replaces that generation's row.
+        """
+        generation = int(generation)
+        with self._tx() as conn:
+            _, config_json, seed, fingerprint = self._run_row(conn, run_id)
+            run_config = json.loads(config_json)
+            front_ids = _unique_ids(front)
+            best_ids = _unique_ids(best_by_complexity)
+            by_id: dict[str, ArchiveEntry] = {}
+            for e in list(best_by_complexity) + list(front):  # front wins for duplicates
+                by_id[e.id] = e
+            for entry_id, e in by_id.items():
+                row = conn.execute(
+                    "SELECT generation FROM entries WHERE run_id = ? AND id = ?", (run_id, entry_id)
+                ).fetchone()
+                first = min(int(e.generation), generation) if int(e.generation) >= 0 else generation
+                if row is not None:
+                    first = min(first, int(row[0]))
+                payload = e.to_dict()
+                payload["generation"] = first
+                payload["run_id"] = run_id
+                payload["on_front"] = entry_id in front_ids
+                if not payload.get("dataset_fingerprint"):
+                    payload["dataset_fingerprint"] = fingerprint
+                if payload.get("run_config") == run_config:
+                    payload["run_config"] = {}  # stored once in runs.config_json, re-attached on load
+                conn.execute(
+                    "INSERT INTO entries (run_id, id, generation, last_generation, complexity, step_mape, on_front, payload)"
+                    " VALUES (?, ?, ?, ?, ?, ?, 0, ?)"
+                    " ON CONFLICT(run_id, id) DO UPDATE SET generation = excluded.generation,"
+                    " last_generation = excluded.last_generation, complexity = excluded.complexity,"
+                    " step_mape = excluded.step_mape, payload = excluded.payload",
+                    (
+                        run_id, entry_id, first, generation, int(e.complexity),
+                        _finite_or_none(e.objectives.get("step_mape")), _dumps(payload),
+                    ),
+                )
+            conn.execute("UPDATE entries SET on_front = 0 WHERE run_id = ? AND on_front = 1", (run_id,))
+            conn.executemany(
+                "UPDATE entries SET on_front = 1 WHERE run_id = ? AND id = ?", [(run_id, i) for i in front_ids]
+            )
+            conn.execute(
+                "INSERT OR REPLACE INTO generations (run_id, generation, recorded_at, front_ids, best_ids, stats_json)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (run_id, generation, utc_now(), json.dumps(list(front_ids)), json.dumps(list(best_ids)), _dumps(stats)),
+            )
+
+    def finish_run(self, run_id: str, summary: dict, status: str = "finished") -> None:
+        """Close a run with its summary (status: finished | interrupted | failed)."""
+        with self._tx() as conn:
+            self._run_row(conn, run_id)
+            conn.execute(
+                "UPDATE runs SET status = ?, finished_at = ?, summary_json = ? WHERE run_id = ?",
+                (status, utc_now(), _dumps(summary), run_id),
+            )
+
+    # -- reading --------------------------------------------------------------------
+    def _load(self, conn: sqlite3.Connection, run_id: str, ids: list[str] | None) -> list[ArchiveEntry]:
+        _, config_json, seed, fingerprint = self._run_row(conn, run_id)
+        if ids is None:
+            rows = conn.execute(
+                "SELECT id, generation, on_front, payload FROM entries WHERE run_id = ?", (run_id,)
+            ).fetchall()
+        else:
+            rows = []
+            for entry_id in ids:
+                row = conn.execute(
+                    "SELECT id, generation, on_front, payload FROM entries WHERE run_id = ? AND id = ?",
+                    (run_id, entry_id),
+                ).fetchone()
+                if row is not None:
+                    rows.append(row)
+        config = json.loads(config_json)
+        out = []
+        for entry_id, generation, on_front, payload in rows:
+            d = json.loads(payload)
+            d.update(id=entry_id, generation=int(generation), on_front=bool(on_front), run_id=run_id)
+            if not d.get("run_config"):
+                d["run_config"] = config
+            if not d.get("dataset_fingerprint"):
+                d["dataset_fingerprint"] = fingerprint
+            out.append(ArchiveEntry.from_dict(d))
+        return sorted(out, key=lambda e: (e.complexity, e.id)) if ids is None else out
+
+    def _generation_ids(self, run_id: str | None, column: str) -> list[ArchiveEntry]:
+        with self._tx(write=False) as conn:
+            run = self._resolve_run(conn, run_id)
+            if run is None:
+                return []
+            row = conn.execute(
+                f"SELECT {column} FROM generations WHERE run_id = ? ORDER BY generation DESC LIMIT 1", (run,)
+            ).fetchone()
+            if row is None:
+                return []
+            entries = self._load(conn, run, json.loads(row[0]))
+        return sorted(entries, key=lambda e: (e.complexity, e.id))
+
+    def front(self, run_id: str | None = None) -> list[ArchiveEntry]:
+        """Latest recorded front of the run (latest run by default), by complexity."""
+        return self._generation_ids(run_id, "front_ids")
+
+    def best_by_complexity(self, run_id: str | None = None) -> list[ArchiveEntry]:
+        """Latest recorded best-entry-per-complexity list, by complexity."""
+        return self._generation_ids(run_id, "best_ids")
+
+    def all_entries(self, run_id: str | None = None) -> list[ArchiveEntry]:
+        """Every entry ever recorded in the run (front or best-by-complexity), by complexity."""
+        with self._tx(write=False) as conn:
+            run = self._resolve_run(conn, run_id)
+            return [] if run is None else self._load(conn, run, None)
+
+    def get(self, entry_id: str, run_id: str | None = None) -> ArchiveEntry:
+        """The entry with this id or unique id prefix (latest run's copy if several runs have it)."""
+        key = str(entry_id).strip()
+        if not key:
+            raise InputError(self.path, "id", f"an entry id is required; {HOW_TO_FIND_IDS}")
+        with self._tx(write=False) as conn:
+            if run_id is not None:
+                self._run_row(conn, run_id)
+            rows = conn.execute(
+                "SELECT e.id, e.run_id FROM entries e JOIN runs r ON r.run_id = e.run_id"
+                " WHERE substr(e.id, 1, ?) = ? AND (? IS NULL OR e.run_id = ?)"
+                " ORDER BY r.started_at DESC, r.rowid DESC",
+                (len(key), key, run_id, run_id),
+            ).fetchall()
+            ids = sorted({r[0] for r in rows})
+            if not ids:
+                raise InputError(self.path, "id", f"no entry with id {key!r}; {HOW_TO_FIND_IDS}")
+            if len(ids) > 1:
+                shown = ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
+                raise InputError(
+                    self.path, "id", f"id prefix {key!r} matches {len(ids)} entries ({shown}); give more characters"
+                )
+            match_run = next(r[1] for r in rows if r[0] == ids[0])
+            return self._load(conn, match_run, [ids[0]])[0]
+
+    def runs(self) -> list[RunRecord]:
+        """Every run in the archive, oldest first."""
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                "SELECT r.run_id, r.started_at, r.finished_at, r.status, r.seed, r.dataset_fingerprint,"
+                " r.config_json, r.summary_json, (SELECT max(generation) FROM generations g WHERE g.run_id = r.run_id)"
+                " FROM runs r ORDER BY r.started_at, r.rowid"
+            ).fetchall()
+        return [
+            RunRecord(
+                run_id=r[0], started_at=r[1], finished_at=r[2], status=r[3], seed=int(r[4]),
+                dataset_fingerprint=r[5], config=json.loads(r[6]),
+                summary=None if r[7] is None else json.loads(r[7]), last_generation=r[8],
+            )
+            for r in rows
+        ]
+
+    def latest_run(self) -> RunRecord | None:
+        """The most recently started run, or None for an empty archive."""
+        runs = self.runs()
+        return runs[-1] if runs else None
+
+    def last_generation(self, run_id: str | None = None) -> int | None:
+        """Highest recorded generation of the run (None if none yet) — where a resume starts."""
+        with self._tx(write=False) as conn:
+            run = self._resolve_run(conn, run_id)
+            if run is None:
+                return None
+            return conn.execute("SELECT max(generation) FROM generations WHERE run_id = ?", (run,)).fetchone()[0]
+
+    def history(self, run_id: str | None = None) -> list[dict]:
+        """Per-generation records: generation, recorded_at, front_ids, best_ids, stats."""
+        with self._tx(write=False) as conn:
+            run = self._resolve_run(conn, run_id)
+            if run is None:
+                return []
+            rows = conn.execute(
+                "SELECT generation, recorded_at, front_ids, best_ids, stats_json FROM generations"
+                " WHERE run_id = ? ORDER BY generation",
+                (run,),
+            ).fetchall()
+        return [
+            {"generation": g, "recorded_at": t, "front_ids": json.loads(f), "best_ids": json.loads(b), "stats": json.loads(s)}
+            for g, t, f, b, s in rows
+        ]
+
+
+def _unique_ids(entries: list[ArchiveEntry]) -> list[str]:
+    seen: dict[str, None] = {}
+    for e in entries:
+        seen.setdefault(e.id, None)
+    return list(seen)
+
+
+# -- run directories ----------------------------------------------------------------
+@dataclass(frozen=True)
+class RunDir:
+    """Where a run keeps its files."""
+
+    root: Path
+
+    @property
+    def archive(self) -> Path:
+        return self.root / ARCHIVE_FILENAME
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def plots(self) -> Path:
+        return self.root / "plots"
+
+
+def default_run_dir(seed: int, base: str | os.PathLike | None = None, now: datetime | None = None) -> Path:
+    """``<base>/runs/<UTC timestamp>-seed<S>`` (base: the current directory); never an existing one."""
+    root = Path(base) if base is not None else Path.cwd()
+    stamp = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    candidate = root / RUNS_DIRNAME / f"{stamp}-seed{int(seed)}"
+    n = 2
+    while candidate.exists():  # two runs in the same second
+        candidate = root / RUNS_DIRNAME / f"{stamp}-seed{int(seed)}-{n}"
+        n += 1
+    return candidate
+
+
+def record_latest(run_dir: str | os.PathLike, base: str | os.PathLike | None = None) -> Path:
+    """Point ``<base>/runs/LATEST`` at run_dir, atomically (temp file + os.replace).
+
+    The path is stored relative to ``base`` when the run lies under it (so the
+    project folder can move), absolute otherwise.
+    """
+    root = (Path(base) if base is not None else Path.cwd()).resolve()
+    target = Path(run_dir).resolve()
+    try:
+        text = str(target.relative_to(root))
+    except ValueError:
+        text = str(target)
+    latest = root / RUNS_DIRNAME / LATEST_FILENAME
+    try:
+        latest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".LATEST.", dir=latest.parent)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, latest)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise InputError(latest, None, f"cannot record the latest run ({exc.strerror or exc})") from None
+    return latest
+
+
+def locate_archive(run_dir: str | os.PathLike | None, base: str | os.PathLike | None = None) -> Path:
+    """The archive file of ``run_dir``, or of the run named by ``./runs/LATEST``.
+
+    ``run_dir`` may also be the archive file itself. Raises ``InputError`` when there
+    is no archive to read.
+    """
+    if run_dir is not None:
+        given = Path(run_dir)
+        if given.is_file():
+            return given
+        if not given.is_dir():
+            raise InputError(given, "--run-dir", "no such run directory")
+        archive = RunDir(given).archive
+        if not archive.is_file():
+            raise InputError(given, "--run-dir", f"no {ARCHIVE_FILENAME} in this directory; pass the directory of a `python -m evolve run`")
+        return archive
+    root = Path(base) if base is not None else Path.cwd()
+    latest = root / RUNS_DIRNAME / LATEST_FILENAME
+    if not latest.is_file():
+        raise InputError(root, None, "no run found in this directory; run `python -m evolve run` first or pass --run-dir")
+    try:
+        text = latest.read_text().strip()
+    except OSError as exc:
+        raise InputError(latest, None, f"cannot read ({exc.strerror or exc})") from None
+    if not text:
+        raise InputError(latest, None, "is empty; pass --run-dir")
+    target = Path(text)
+    if not target.is_absolute():
+        target = root / target
+    archive = RunDir(target).archive
+    if not archive.is_file():
+        raise InputError(latest, None, f"points to {target}, which has no {ARCHIVE_FILENAME}; pass --run-dir")
+    return archive

@@ -1,0 +1,279 @@
+"""The candidate language: operators, programs, vectorised evaluation and sympy.
+
+A *program* is a tuple of tokens in prefix order, the picklable form of a DEAP tree:
+``("op", name)`` for an operator, ``("var", primitive_name)`` for a terminal and
+``("const", value)`` for a constant. Each operator is defined once here, with its
+numpy implementation (protected, so NaN and inf never escape from bad inputs) and its
+sympy form (read by the archive, the simplifier and the Go printer).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import sympy as sp
+from sympy.printing.str import StrPrinter
+
+from primitives.registry import PRIMITIVE_BY_NAME
+
+PDIV_EPS = 1e-9
+Token = tuple  # ("op", name) | ("var", name) | ("const", float)
+Program = tuple  # tuple[Token, ...] in prefix order
+
+
+# --- protected numpy kernels (module-level so that they pickle) -----------------
+def np_pdiv(x, y):
+    """x / y where |y| > 1e-9, else 0: a step with no work to divide by adds nothing."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    ok = np.abs(y) > PDIV_EPS
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return np.where(ok, x / np.where(ok, y, 1.0), 0.0)
+
+
+def np_psqrt(x):
+    return np.sqrt(np.abs(x))
+
+
+def np_plog(x):
+    return np.log1p(np.abs(x))
+
+
+class pdiv(sp.Function):  # noqa: N801 - printed name is the function name
+    """Protected division, opaque to simplification: pdiv(x, y) = x/y if |y| > 1e-9 else 0."""
+
+    nargs = 2
+
+    @classmethod
+    def eval(cls, x, y):
+        if y.is_Number:
+            return x / y if abs(float(y)) > PDIV_EPS else sp.Integer(0)
+        return None  # stays opaque for symbolic y
+
+    def _eval_evalf(self, prec):
+        x, y = (a.evalf(prec) for a in self.args)
+        if y.is_Number:
+            return (x / y if abs(float(y)) > PDIV_EPS else sp.Integer(0)).evalf(prec)
+        return None
+
+
+@dataclass(frozen=True)
+class Operator:
+    name: str
+    arity: int
+    numpy_fn: Callable
+    sympy_fn: Callable
+    commutative: bool
+
+
+def _sp_psqrt(x):
+    return sp.sqrt(sp.Abs(x))
+
+
+def _sp_plog(x):
+    return sp.log(1 + sp.Abs(x))
+
+
+def _sp_add(a, b):
+    return a + b
+
+
+def _sp_sub(a, b):
+    return a - b
+
+
+def _sp_mul(a, b):
+    return a * b
+
+
+OPERATORS: dict[str, Operator] = {
+    op.name: op
+    for op in (
+        Operator("add", 2, np.add, _sp_add, True),
+        Operator("sub", 2, np.subtract, _sp_sub, False),
+        Operator("mul", 2, np.multiply, _sp_mul, True),
+        Operator("pdiv", 2, np_pdiv, pdiv, False),
+        Operator("max", 2, np.maximum, sp.Max, True),
+        Operator("min", 2, np.minimum, sp.Min, True),
+        Operator("psqrt", 1, np_psqrt, _sp_psqrt, False),
+        Operator("plog", 1, np_plog, _sp_plog, False),
+    )
+}
+
+# numpy names for lambdify of archived sympy expressions
+LAMBDIFY_MODULES = [{"pdiv": np_pdiv, "Max": np.maximum, "Min": np.minimum}, "numpy"]
+
+
+# --- programs -----------------------------------------------------------------
+def program_size(program: Program) -> int:
+    return len(program)
+
+
+def subtree_end(program: Program, start: int) -> int:
+    """Index one past the subtree rooted at ``start``."""
+    need = 1
+    i = start
+    while need:
+        kind, value = program[i]
+        need += OPERATORS[value].arity - 1 if kind == "op" else -1
+        i += 1
+    return i
+
+
+def children(program: Program, start: int = 0) -> list[tuple[int, int]]:
+    """(start, end) spans of the children of the node at ``start``."""
+    kind, value = program[start]
+    if kind != "op":
+        return []
+    spans = []
+    i = start + 1
+    for _ in range(OPERATORS[value].arity):
+        j = subtree_end(program, i)
+        spans.append((i, j))
+        i = j
+    return spans
+
+
+def additive_terms(program: Program) -> list[Program]:
+    """Flatten the root's chain of ``add`` into terms (the linear-scaling basis)."""
+    kind, value = program[0]
+    if kind == "op" and value == "add":
+        out: list[Program] = []
+        for s, e in children(program, 0):
+            out.extend(additive_terms(program[s:e]))
+        return out
+    return [program]
+
+
+def canonical(program: Program) -> str:
+    """A string equal for programs that differ only in the order of commutative args."""
+
+    def rec(start: int) -> tuple[str, int]:
+        kind, value = program[start]
+        if kind == "var":
+            return value, start + 1
+        if kind == "const":
+            return repr(float(value)), start + 1
+        op = OPERATORS[value]
+        args = []
+        i = start + 1
+        for _ in range(op.arity):
+            s, i = rec(i)
+            args.append(s)
+        if op.commutative:
+            args.sort()
+        return f"{value}({','.join(args)})", i
+
+    return rec(0)[0]
+
+
+def variables(program: Program) -> list[str]:
+    return sorted({v for k, v in program if k == "var"})
+
+
+def evaluate_program(program: Program, columns: Mapping[str, np.ndarray], n: int | None = None) -> np.ndarray:
+    """Vectorised interpreter: one numpy call per node, no compile/eval."""
+    if n is None:
+        n = len(next(iter(columns.values())))
+    stack: list[np.ndarray] = []
+    with np.errstate(all="ignore"):
+        for kind, value in reversed(program):
+            if kind == "var":
+                stack.append(columns[value])
+            elif kind == "const":
+                stack.append(np.full(n, float(value)))
+            else:
+                op = OPERATORS[value]
+                if op.arity == 1:
+                    stack.append(op.numpy_fn(stack.pop()))
+                else:
+                    a = stack.pop()
+                    b = stack.pop()
+                    stack.append(op.numpy_fn(a, b))
+    out = stack.pop()
+    return np.broadcast_to(np.asarray(out, dtype=np.float64), (n,))
+
+
+# --- sympy --------------------------------------------------------------------
+def symbol(name: str) -> sp.Symbol:
+    """Primitives are non-negative quantities; saying so keeps simplification honest."""
+    return sp.Symbol(name, nonnegative=True)
+
+
+def program_to_sympy(program: Program) -> sp.Expr:
+    def rec(start: int) -> tuple[sp.Expr, int]:
+        kind, value = program[start]
+        if kind == "var":
+            return symbol(value), start + 1
+        if kind == "const":
+            return sp.Float(float(value)), start + 1
+        op = OPERATORS[value]
+        args = []
+        i = start + 1
+        for _ in range(op.arity):
+            a, i = rec(i)
+            args.append(a)
+        return op.sympy_fn(*args), i
+
+    return rec(0)[0]
+
+
+def linear_model_sympy(terms: Sequence[Program], coefficients: Sequence[float], intercept: float) -> sp.Expr:
+    """intercept + sum(coef * term): the fitted step-time expression in µs."""
+    expr = sp.Float(float(intercept))
+    for term, coef in zip(terms, coefficients):
+        if coef != 0.0:
+            expr = expr + sp.Float(float(coef)) * program_to_sympy(term)
+    return expr
+
+
+def parse_infix(text: str) -> sp.Expr:
+    """Parse an archived infix expression (sympy syntax with pdiv) back to sympy."""
+    from sympy.parsing.sympy_parser import parse_expr
+
+    local = {name: symbol(name) for name in PRIMITIVE_BY_NAME}
+    local.update({"pdiv": pdiv, "Max": sp.Max, "Min": sp.Min, "sqrt": sp.sqrt, "Abs": sp.Abs, "log": sp.log})
+    return parse_expr(text, local_dict=local, evaluate=True)
+
+
+class _InfixPrinter(StrPrinter):
+    """sympy's str printer, but floats print as Python's shortest exact repr."""
+
+    def _print_Float(self, expr):
+        return repr(float(expr))
+
+
+def to_infix(expr: sp.Expr) -> str:
+    """Readable infix that parse_infix reads back; floats keep full double precision."""
+    return _InfixPrinter({"order": "none"}).doprint(expr)
+
+
+def evaluate_expr(expr: sp.Expr, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Evaluate a sympy expression over primitive columns (reference path, not the hot loop)."""
+    names = sorted(s.name for s in expr.free_symbols)
+    n = len(next(iter(columns.values())))
+    fn = sp.lambdify([symbol(nm) for nm in names], expr, modules=LAMBDIFY_MODULES)
+    with np.errstate(all="ignore"):
+        out = fn(*[np.asarray(columns[nm], dtype=np.float64) for nm in names])
+    return np.broadcast_to(np.asarray(out, dtype=np.float64), (n,)).copy()
+
+
+def count_nodes(expr: sp.Expr) -> int:
+    """Complexity of an expression: nodes of its sympy tree."""
+    return sum(1 for _ in sp.preorder_traversal(expr))
+
+
+SIMPLIFY_MAX_OPS = 60  # sympy.simplify is slow on large Max/Piecewise trees; larger ones only fold constants
+
+
+def simplify_expression(expr: sp.Expr) -> sp.Expr:
+    """Fold numeric constants and simplify, keeping physical groupings where sympy can."""
+    folded = expr.evalf()
+    if sp.count_ops(folded) > SIMPLIFY_MAX_OPS:
+        return folded
+    try:
+        simple = sp.simplify(folded, ratio=1.0)
+    except Exception:  # sympy can fail on exotic Piecewise/Max nests; folding is still valid
+        return folded
+    return simple.evalf() if sp.count_ops(simple) <= sp.count_ops(folded) else folded

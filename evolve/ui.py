@@ -1,0 +1,219 @@
+"""What a search run shows while it runs: a rich progress bar on a terminal, plain lines otherwise.
+
+``evolve.search.run_search(config, ui)`` drives a ``RunUI``::
+
+    ui.start(total_generations, time_limit_s)
+    ui.update(generation, best_error, front_size, evals_per_s)   # after each generation
+    ui.log("checkpoint written")                                  # any one-line note
+    ui.finish(front_entries, summary)                             # summary table
+
+Without a terminal (CI, tests, a pipe) the same calls print plain, rate-limited
+lines, so logs stay readable.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import IO, Iterable
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
+from rich.table import Table
+
+from archive.entry import ArchiveEntry
+
+# Error objectives shown as columns when any entry has them (fractions, shown as %).
+ERROR_COLUMNS = (("step_mape", "step MAPE"), ("e2e_error", "E2E err"), ("ttft_error", "TTFT err"), ("itl_error", "ITL err"))
+
+
+def fmt_fraction(value: object) -> str:
+    """A relative error stored as a fraction, shown as a percentage ('-' if missing)."""
+    try:
+        v = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return "-"
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return f"{100.0 * v:.2f}%"
+
+
+def fmt_number(value: object) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    try:
+        v = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return str(value)
+    if not math.isfinite(v):
+        return str(v)
+    return f"{v:.6g}"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    seconds = max(0, int(round(seconds)))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}"
+
+
+def entries_table(entries: list[ArchiveEntry], recommended_id: str | None = None, title: str | None = None) -> Table:
+    """The front as a table: id, generation found, complexity, errors present, expression."""
+    table = Table(title=title, show_lines=False)
+    table.add_column("", width=1)
+    table.add_column("id", no_wrap=True)
+    table.add_column("gen", justify="right")
+    table.add_column("cx", justify="right")
+    shown = [(key, label) for key, label in ERROR_COLUMNS if any(key in e.objectives for e in entries)]
+    for _, label in shown:
+        table.add_column(label, justify="right", no_wrap=True)
+    table.add_column("expression", overflow="fold")
+    for e in entries:
+        mark = "*" if e.id == recommended_id else ""
+        row = [mark, e.id, str(e.generation), str(e.complexity)]
+        row += [fmt_fraction(e.objectives.get(key)) for key, _ in shown]
+        row.append(e.expression)
+        table.add_row(*row)
+    if recommended_id is not None:
+        table.caption = "* recommended (python -m evolve archive best)"
+    return table
+
+
+def mapping_table(mapping: dict, title: str | None = None, key_label: str = "name", value_label: str = "value") -> Table:
+    table = Table(title=title)
+    table.add_column(key_label)
+    table.add_column(value_label, justify="right", overflow="fold")
+    for k, v in mapping.items():
+        table.add_row(str(k), fmt_number(v) if not isinstance(v, (dict, list)) else str(v))
+    return table
+
+
+def _recommended_id(entries: list[ArchiveEntry]) -> str | None:
+    from archive.select import recommend
+
+    try:
+        return recommend(entries).id
+    except ValueError:
+        return None
+
+
+class RunUI:
+    """Progress of a search run; ``quiet`` (default: no terminal) prints plain lines instead.
+
+    ``min_interval_s`` rate-limits the plain lines (the first and last generation are
+    always printed).
+    """
+
+    def __init__(
+        self,
+        console: Console | None = None,
+        quiet: bool | None = None,
+        min_interval_s: float = 5.0,
+        stream: IO[str] | None = None,
+    ):
+        self.console = console or Console()
+        self.quiet = (not self.console.is_terminal) if quiet is None else quiet
+        self.min_interval_s = min_interval_s
+        self._stream = stream
+        self._progress: Progress | None = None
+        self._task = None
+        self._total = 0
+        self._time_limit_s: float | None = None
+        self._t0 = time.monotonic()
+        self._last_line = -math.inf
+
+    @property
+    def stream(self) -> IO[str]:
+        return self._stream if self._stream is not None else sys.stdout
+
+    def _plain(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def start(self, total_generations: int, time_limit_s: float | None = None) -> None:
+        self._total = int(total_generations)
+        self._time_limit_s = time_limit_s
+        self._t0 = time.monotonic()
+        self._last_line = -math.inf
+        limit = f", time limit {fmt_duration(time_limit_s)}" if time_limit_s else ""
+        if self.quiet:
+            self._plain(f"search: {self._total} generations{limit}")
+            return
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("gen {task.completed}/{task.total}"),
+            BarColumn(),
+            TextColumn("best {task.fields[best]}"),
+            TextColumn("front {task.fields[front]}"),
+            TextColumn("{task.fields[rate]} evals/s"),
+            TextColumn("ETA {task.fields[eta]}"),
+            console=self.console,
+            transient=False,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("search", total=self._total, best="-", front="-", rate="-", eta="?")
+
+    def eta_s(self, generation: int) -> float | None:
+        """Seconds left: by the generation rate so far, capped by the time limit."""
+        elapsed = time.monotonic() - self._t0
+        done = max(int(generation), 0)
+        estimates = []
+        if done > 0 and self._total:
+            estimates.append(elapsed / done * max(self._total - done, 0))
+        if self._time_limit_s:
+            estimates.append(max(self._time_limit_s - elapsed, 0.0))
+        return min(estimates) if estimates else None
+
+    def update(self, generation: int, best_error: float, front_size: int, evals_per_s: float) -> None:
+        """After a generation (counted from 1; 0 is the initial population)."""
+        eta = fmt_duration(self.eta_s(generation))
+        rate = f"{evals_per_s:.0f}" if evals_per_s is not None and math.isfinite(evals_per_s) else "-"
+        if self.quiet:
+            now = time.monotonic()
+            last = generation >= self._total
+            if last or generation <= 1 or now - self._last_line >= self.min_interval_s:
+                self._last_line = now
+                self._plain(
+                    f"gen {generation}/{self._total} best {fmt_fraction(best_error)} front {front_size}"
+                    f" {rate} evals/s ETA {eta}"
+                )
+            return
+        if self._progress is not None:
+            self._progress.update(
+                self._task, completed=min(int(generation), self._total),
+                best=fmt_fraction(best_error), front=str(front_size), rate=rate, eta=eta,
+            )
+
+    def log(self, message: str) -> None:
+        if self.quiet or self._progress is None:
+            self._plain(message)
+        else:
+            self._progress.console.print(message, markup=False, highlight=False)
+
+    def close(self) -> None:
+        """Stop the live display (idempotent; safe after an exception)."""
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def finish(self, entries: Iterable[ArchiveEntry], summary: dict) -> None:
+        """Stop the progress display and print the front and the run summary."""
+        self.close()
+        entries = sorted(entries, key=lambda e: (e.complexity, e.id))
+        elapsed = time.monotonic() - self._t0
+        if self.quiet:
+            rec = _recommended_id(entries)
+            self._plain(f"search finished in {fmt_duration(elapsed)}: {len(entries)} models on the front")
+            for e in entries:
+                errs = " ".join(f"{k}={fmt_fraction(e.objectives[k])}" for k, _ in ERROR_COLUMNS if k in e.objectives)
+                self._plain(f"{'*' if e.id == rec else ' '} {e.id} cx={e.complexity} {errs} {e.expression}")
+            for k, v in summary.items():
+                self._plain(f"{k}: {fmt_number(v) if not isinstance(v, (dict, list)) else v}")
+            return
+        self.console.print(entries_table(entries, _recommended_id(entries), title="Pareto front"))
+        self.console.print(mapping_table(dict(summary), title=f"Run summary ({fmt_duration(elapsed)})"))

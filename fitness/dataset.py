@@ -1,0 +1,114 @@
+"""Step rows ready for scoring: primitive columns, cycle-time targets, temporal split."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from primitives.compute import constant_columns, features_from_requests, primitive_columns
+from primitives.deployment import Deployment, DeploymentResolver
+from primitives.errors import InputError
+from primitives.registry import AGGREGATE_FEATURES, supported_primitives
+from primitives.traces import StepData
+
+
+@dataclass
+class StepTable:
+    """Rows with a cycle-time target, and every supported primitive as a column."""
+
+    columns: dict[str, np.ndarray]
+    cycle_time_us: np.ndarray
+    experiment: np.ndarray  # int code per row
+    experiment_names: list[str]
+    is_train: np.ndarray  # False for the temporal validation holdout
+    primitive_names: list[str]
+    deployments: list[Deployment]
+    experiment_deployment: list[int]  # deployment index per experiment code
+    fingerprint: str
+
+    @property
+    def n(self) -> int:
+        return len(self.cycle_time_us)
+
+    def subset(self, mask: np.ndarray) -> "StepTable":
+        return StepTable(
+            columns={k: v[mask] for k, v in self.columns.items()},
+            cycle_time_us=self.cycle_time_us[mask],
+            experiment=self.experiment[mask],
+            experiment_names=self.experiment_names,
+            is_train=self.is_train[mask],
+            primitive_names=self.primitive_names,
+            deployments=self.deployments,
+            experiment_deployment=self.experiment_deployment,
+            fingerprint=self.fingerprint,
+        )
+
+
+def temporal_split(experiment: np.ndarray, order: np.ndarray, validation_fraction: float) -> np.ndarray:
+    """True for training rows: the first (1 - fraction) of each experiment in time."""
+    is_train = np.ones(len(experiment), dtype=bool)
+    for e in np.unique(experiment):
+        idx = np.flatnonzero(experiment == e)
+        idx = idx[np.argsort(order[idx], kind="stable")]
+        n_val = int(round(validation_fraction * len(idx)))
+        if n_val:
+            is_train[idx[len(idx) - n_val :]] = False
+    return is_train
+
+
+def build_step_table(
+    data: StepData,
+    resolver: DeploymentResolver,
+    primitive_names: list[str] | None = None,
+    validation_fraction: float = 0.2,
+) -> StepTable:
+    steps = data.steps
+    available = data.available_features
+    supported = supported_primitives(available)
+    names = supported if primitive_names is None else list(primitive_names)
+    unsupported = [n for n in names if n not in supported]
+    if unsupported:
+        raise InputError(
+            ", ".join(data.sources), unsupported[0],
+            "this primitive needs per-request detail that the trace lacks (aggregates only)",
+        )
+
+    # features of every sampled step (per-request detail where present)
+    n_steps = len(steps)
+    feats = {f: steps[f].to_numpy(dtype=np.float64) for f in AGGREGATE_FEATURES}
+    if data.requests is not None:
+        r = data.requests
+        feats = features_from_requests(
+            r["step_row"].to_numpy(), r["progress"].to_numpy(), r["new_tokens"].to_numpy(),
+            r["input_len"].to_numpy(), r["output_len"].to_numpy(), n_steps,
+        )
+
+    target_rows = np.flatnonzero(np.isfinite(steps["cycle_time_us"].to_numpy()))
+    exp_names = sorted(steps["experiment"].unique())
+    exp_code_all = steps["experiment"].map({e: i for i, e in enumerate(exp_names)}).to_numpy()
+
+    deployments: list[Deployment] = []
+    exp_dep: list[int] = []
+    for e in exp_names:
+        first = steps.loc[steps["experiment"] == e].iloc[0]
+        dep = resolver.resolve(first["model"], int(first["tp"]), first["gpu"] or None)
+        if dep not in deployments:
+            deployments.append(dep)
+        exp_dep.append(deployments.index(dep))
+
+    exp_code = exp_code_all[target_rows]
+    row_dep = np.asarray(exp_dep, dtype=np.int64)[exp_code]
+    consts = constant_columns(deployments, row_dep)
+    cols = primitive_columns({k: v[target_rows] for k, v in feats.items()}, consts, names)
+    is_train = temporal_split(exp_code, steps["step_id"].to_numpy()[target_rows], validation_fraction)
+    return StepTable(
+        columns=cols,
+        cycle_time_us=steps["cycle_time_us"].to_numpy()[target_rows],
+        experiment=exp_code,
+        experiment_names=exp_names,
+        is_train=is_train,
+        primitive_names=names,
+        deployments=deployments,
+        experiment_deployment=exp_dep,
+        fingerprint=data.fingerprint(),
+    )

@@ -1,0 +1,251 @@
+"""Step traces in one canonical form: steps with cycle-time targets.
+
+Reads vLLM step-tracing exports in the flat schema of
+``shared/data/steps/step_traces.parquet`` (Parquet or CSV). The target of step ``i`` is
+its **cycle time**, ``ts_start[i+1] - ts_start[i]`` for two consecutive sampled step
+ids; ``step.duration_us`` is scheduler CPU time and is never a target. Real traces
+carry batch aggregates only; a sibling ``step_requests.parquet`` (as written by the
+synthetic emulator) adds per-request detail, which unlocks the per-request features.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .deployment import KV_BLOCK_TOKENS
+from .errors import InputError
+from .registry import AGGREGATE_FEATURES, ALL_FEATURES
+
+STEP_FILE_NAMES = ("step_traces.parquet", "step_traces.csv")
+REQUEST_FILE_NAMES = ("step_requests.parquet", "step_requests.csv")
+
+# flat trace column -> what it must hold
+REQUIRED_COLUMNS = {
+    "experiment_id": "an experiment name",
+    "model": "a model name such as llama-2-70b",
+    "tp": "the tensor-parallel degree (integer >= 1)",
+    "step.id": "the integer step id",
+    "step.ts_start_ns": "the step start timestamp in ns",
+    "batch.prefill_tokens": "a non-negative token count",
+    "batch.decode_tokens": "a non-negative token count",
+    "batch.num_prefill_reqs": "a non-negative request count",
+    "batch.num_decode_reqs": "a non-negative request count",
+    "kv.blocks_total_gpu": "a non-negative KV block count",
+    "kv.blocks_free_gpu": "a non-negative KV block count",
+}
+NUMERIC_COLUMNS = [c for c in REQUIRED_COLUMNS if c not in ("experiment_id", "model")]
+REQUEST_COLUMNS = ("experiment_id", "step.id", "progress", "new_tokens", "input_len", "output_len")
+
+# canonical step columns (aggregate features keep their registry names)
+AGGREGATE_MAP = {
+    "batch.prefill_tokens": "prefill_tokens",
+    "batch.decode_tokens": "decode_tokens",
+    "batch.num_prefill_reqs": "num_prefill_reqs",
+    "batch.num_decode_reqs": "num_decode_reqs",
+}
+
+
+@dataclass
+class StepData:
+    """Sampled steps with cycle-time targets, from one or more trace files.
+
+    ``steps`` has one row per sampled step: experiment, model, tp, gpu, step_id,
+    ts_start_us, cycle_time_us (NaN where the next step was not sampled) and the
+    aggregate features. ``requests`` (optional) has one row per request in a step:
+    step_row (row index into ``steps``), progress, new_tokens, input_len, output_len.
+    """
+
+    steps: pd.DataFrame
+    requests: pd.DataFrame | None = None
+    sources: list[str] = field(default_factory=list)
+
+    @property
+    def available_features(self) -> frozenset[str]:
+        """Features every step of this dataset supports."""
+        return ALL_FEATURES if self.requests is not None else AGGREGATE_FEATURES
+
+    @property
+    def experiments(self) -> list[str]:
+        return sorted(self.steps["experiment"].unique())
+
+    def fingerprint(self) -> str:
+        h = hashlib.sha256()
+        cols = ["experiment", "model", "tp", "step_id", "ts_start_us", "kv_tokens", *AGGREGATE_MAP.values()]
+        h.update(pd.util.hash_pandas_object(self.steps[cols], index=False).values.tobytes())
+        if self.requests is not None:
+            h.update(pd.util.hash_pandas_object(self.requests, index=False).values.tobytes())
+        return h.hexdigest()[:16]
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    try:
+        if path.stat().st_size == 0:
+            raise InputError(path, None, "the file is empty; expected a step-trace table")
+        if path.suffix == ".parquet":
+            return pd.read_parquet(path)
+        if path.suffix == ".csv":
+            return pd.read_csv(path)
+    except InputError:
+        raise
+    except OSError as exc:
+        raise InputError(path, None, f"cannot read file ({exc.strerror})") from None
+    except Exception as exc:  # pyarrow/pandas parse errors carry long messages
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(path, None, f"not a readable {path.suffix[1:]} table ({first[:120]})") from None
+    raise InputError(path, None, "unsupported file type; expected .parquet or .csv")
+
+
+def _numeric(df: pd.DataFrame, col: str, path: Path, expected: str) -> np.ndarray:
+    raw = df[col]
+    values = pd.to_numeric(raw, errors="coerce")
+    bad = values.isna() & raw.notna()
+    if bad.any():
+        row = int(np.flatnonzero(bad.to_numpy())[0])
+        raise InputError(path, col, f"non-numeric value {raw.iloc[row]!r} in row {row}; expected {expected}")
+    if values.isna().any():
+        row = int(np.flatnonzero(values.isna().to_numpy())[0])
+        raise InputError(path, col, f"missing value (NaN) in row {row}; expected {expected}")
+    arr = values.to_numpy(dtype=np.float64)
+    if (arr < 0).any():
+        row = int(np.flatnonzero(arr < 0)[0])
+        raise InputError(path, col, f"negative value {arr[row]:g} in row {row}; expected {expected}")
+    return arr
+
+
+def _resolve_files(path: Path) -> tuple[Path, Path | None]:
+    path = Path(path)
+    if path.is_dir():
+        steps = next((path / n for n in STEP_FILE_NAMES if (path / n).exists()), None)
+        if steps is None:
+            raise InputError(path, None, f"no step trace here; expected one of {', '.join(STEP_FILE_NAMES)}")
+        reqs = next((path / n for n in REQUEST_FILE_NAMES if (path / n).exists()), None)
+        return steps, reqs
+    if not path.exists():
+        raise InputError(path, None, "no such file or directory")
+    sibling = next((path.parent / n for n in REQUEST_FILE_NAMES if (path.parent / n).exists()), None)
+    return path, sibling if path.name in STEP_FILE_NAMES else None
+
+
+def load_trace(path: Path | str) -> StepData:
+    """Load one trace file (or a directory holding step_traces.parquet)."""
+    step_path, req_path = _resolve_files(Path(path))
+    df = _read_table(step_path)
+    if len(df) == 0:
+        raise InputError(step_path, None, "the table has no rows; expected sampled steps")
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        c = missing[0]
+        raise InputError(step_path, c, f"missing column; expected {REQUIRED_COLUMNS[c]}")
+    num = {c: _numeric(df, c, step_path, REQUIRED_COLUMNS[c]) for c in NUMERIC_COLUMNS}
+    for c in ("experiment_id", "model"):
+        if df[c].isna().any():
+            row = int(np.flatnonzero(df[c].isna().to_numpy())[0])
+            raise InputError(step_path, c, f"missing value in row {row}; expected {REQUIRED_COLUMNS[c]}")
+    if (num["tp"] < 1).any():
+        raise InputError(step_path, "tp", "expected a tensor-parallel degree >= 1")
+    if (num["kv.blocks_free_gpu"] > num["kv.blocks_total_gpu"]).any():
+        raise InputError(step_path, "kv.blocks_free_gpu", "more free blocks than kv.blocks_total_gpu")
+    if "step.duration_us" in df.columns:
+        dur = _numeric(df, "step.duration_us", step_path, "a positive scheduler duration in µs")
+        if (dur <= 0).any():
+            row = int(np.flatnonzero(dur <= 0)[0])
+            raise InputError(step_path, "step.duration_us", f"non-positive duration {dur[row]:g} in row {row}")
+
+    steps = pd.DataFrame(
+        {
+            "experiment": df["experiment_id"].astype(str).to_numpy(),
+            "model": df["model"].astype(str).to_numpy(),
+            "tp": num["tp"].astype(np.int64),
+            "gpu": df["gpu"].astype(str).to_numpy() if "gpu" in df.columns else "",
+            "step_id": num["step.id"].astype(np.int64),
+            "ts_start_us": num["step.ts_start_ns"] / 1000.0,
+            "kv_tokens": (num["kv.blocks_total_gpu"] - num["kv.blocks_free_gpu"]) * KV_BLOCK_TOKENS,
+        }
+    )
+    for src, dst in AGGREGATE_MAP.items():
+        steps[dst] = num[src]
+    steps["source_row"] = np.arange(len(df))
+    steps = steps.sort_values(["experiment", "step_id"], kind="stable").reset_index(drop=True)
+
+    exp = steps["experiment"].to_numpy()
+    same = exp[1:] == exp[:-1]
+    dup = same & (np.diff(steps["step_id"].to_numpy()) == 0)
+    if dup.any():
+        row = int(steps["source_row"].iloc[int(np.flatnonzero(dup)[0]) + 1])
+        raise InputError(step_path, "step.id", f"duplicate step id in row {row}; expected unique ids per experiment")
+    dt = np.diff(steps["ts_start_us"].to_numpy())
+    backwards = same & (dt <= 0)
+    if backwards.any():
+        row = int(steps["source_row"].iloc[int(np.flatnonzero(backwards)[0]) + 1])
+        raise InputError(
+            step_path, "step.ts_start_ns", f"timestamp does not increase with step.id at row {row}; expected monotonic time"
+        )
+    consecutive = same & (np.diff(steps["step_id"].to_numpy()) == 1)
+    cycle = np.full(len(steps), np.nan)
+    cycle[:-1][consecutive] = dt[consecutive]
+    steps["cycle_time_us"] = cycle
+    for name, g in steps.groupby("experiment", sort=True):
+        if not np.isfinite(g["cycle_time_us"]).any():
+            raise InputError(
+                step_path, "step.id",
+                f"experiment {name!r} has no two consecutive sampled step ids, so no cycle-time targets",
+            )
+
+    requests = _load_requests(req_path, steps) if req_path is not None else None
+    return StepData(steps=steps.drop(columns=["source_row"]), requests=requests, sources=[str(step_path)])
+
+
+def _load_requests(path: Path, steps: pd.DataFrame) -> pd.DataFrame:
+    df = _read_table(path)
+    missing = [c for c in REQUEST_COLUMNS if c not in df.columns]
+    if missing:
+        raise InputError(path, missing[0], "missing column of the per-request detail")
+    cols = {c: _numeric(df, c, path, "a non-negative integer") for c in REQUEST_COLUMNS[1:]}
+    key = pd.MultiIndex.from_arrays([steps["experiment"], steps["step_id"]])
+    rows = key.get_indexer(pd.MultiIndex.from_arrays([df["experiment_id"].astype(str), cols["step.id"].astype(np.int64)]))
+    if (rows < 0).any():
+        row = int(np.flatnonzero(rows < 0)[0])
+        raise InputError(path, "step.id", f"row {row} names a step that is not in the step trace")
+    out = pd.DataFrame({"step_row": rows.astype(np.int64)})
+    for c in ("progress", "new_tokens", "input_len", "output_len"):
+        out[c] = cols[c]
+    return out.sort_values("step_row", kind="stable").reset_index(drop=True)
+
+
+def load_steps(paths: list[Path | str]) -> StepData:
+    """Load and concatenate several traces; per-request detail only if all have it."""
+    parts = [load_trace(p) for p in paths]
+    if len(parts) == 1:
+        return parts[0]
+    offset = 0
+    steps, reqs = [], []
+    for p in parts:
+        steps.append(p.steps)
+        if p.requests is not None:
+            r = p.requests.copy()
+            r["step_row"] += offset
+            reqs.append(r)
+        offset += len(p.steps)
+    all_steps = pd.concat(steps, ignore_index=True)
+    if all_steps.duplicated(["experiment", "step_id"]).any():
+        dup = all_steps[all_steps.duplicated(["experiment", "step_id"])]["experiment"].iloc[0]
+        raise InputError(", ".join(str(p) for p in paths), "experiment_id", f"experiment {dup!r} appears in two inputs")
+    requests = pd.concat(reqs, ignore_index=True) if len(reqs) == len(parts) else None
+    return StepData(steps=all_steps, requests=requests, sources=[s for p in parts for s in p.sources])
+
+
+def default_data_dir() -> Path:
+    """The embedded synthetic default dataset shipped in the package."""
+    return Path(__file__).resolve().parent.parent / "fitness" / "default_data"
+
+
+def shared_dir() -> Path:
+    """Where the shared real data lives: $STEPSYNTH_SHARED or <repo>/../shared."""
+    import os
+
+    env = os.environ.get("STEPSYNTH_SHARED")
+    return Path(env) if env else Path(__file__).resolve().parent.parent.parent / "shared"
