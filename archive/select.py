@@ -22,8 +22,9 @@ The rule (``recommend``), in the order it is applied:
    floored at 1e-12 and complexities at 1 so the logs stay finite.
 4. **Accuracy gate.** Only entries with error <= 1.5 x the lowest error on the front
    are eligible (as in PySR): a big relative gain at a crude model does not win.
-5. **Choice.** The eligible entry with the highest score; ties go to lower
-   complexity, then to the smaller id, so the choice is deterministic.
+5. **Choice.** The eligible entry with the highest score; ties (scores equal to
+   1e-9 relative) go to lower complexity, then to the smaller id, so the choice is
+   deterministic.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from archive.entry import ArchiveEntry
 ERROR_OBJECTIVES = ("step_mape", "e2e_error", "ttft_error", "itl_error")
 ACCURACY_GATE = 1.5  # eligible: error <= ACCURACY_GATE * lowest error on the front
 _ERROR_FLOOR = 1e-12
+_SCORE_TIE = 1e-9  # relative
 
 
 @dataclass(frozen=True)
@@ -108,5 +110,7 @@ def recommend(entries: list[ArchiveEntry]) -> ArchiveEntry:
     ranked = [r for r in rank(list(entries)) if r.eligible]
     if not ranked:
         raise ValueError("no entry with a finite error on the objectives all entries share")
-    best = min(ranked, key=lambda r: (-r.score, r.entry.complexity, r.entry.id))
-    return best.entry
+    top = max(r.score for r in ranked)
+    # scores equal up to rounding count as tied, so the tie-break is not left to float noise
+    tied = [r for r in ranked if r.score >= top - _SCORE_TIE * max(1.0, abs(top))]
+    return min(tied, key=lambda r: (r.entry.complexity, r.entry.id)).entry

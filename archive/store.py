@@ -90,7 +90,7 @@ def _json_default(obj: object) -> object:
 
 
 def _dumps(obj: object) -> str:
-    return json.dumps(obj, default=_json_default, sort_keys=True)
+    return json.dumps(obj, default=_json_default)
 
 
 def _finite_or_none(value: object) -> float | None:

@@ -74,7 +74,7 @@ def _lazy(module: str, name: str) -> Callable[..., Any]:
     try:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as exc:
-        if exc.name and module.startswith(exc.name):
+        if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
             raise _Unavailable(f"{module}.{name} is not available in this build") from None
         raise
     try:
@@ -121,11 +121,8 @@ def _clean(obj: Any) -> Any:
         return [_clean(v) for v in obj]
     if isinstance(obj, Path):
         return str(obj)
-    if hasattr(obj, "item") and callable(obj.item) and not isinstance(obj, (str, bytes)):
-        try:
-            obj = obj.item()
-        except (TypeError, ValueError):
-            pass
+    if hasattr(obj, "tolist") and callable(obj.tolist):  # numpy scalars and arrays
+        return _clean(obj.tolist())
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
@@ -250,7 +247,7 @@ _INTERRUPT_HINT: list[str] = []
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from archive.store import default_run_dir, record_latest
+    from archive.store import RunDir, default_run_dir, record_latest
     from evolve.config import RunConfig
     from evolve.ui import RunUI
 
@@ -270,12 +267,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_dir = default_run_dir(args.seed)
     if run_dir.exists() and not run_dir.is_dir():
         raise InputError(run_dir, "--run-dir", "exists and is not a directory")
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(run_dir, "--run-dir", f"cannot create ({exc.strerror or exc})") from None
-    if not os.access(run_dir, os.W_OK):
-        raise InputError(run_dir, "--run-dir", "cannot write: permission denied")
     config = RunConfig(
         generations=args.generations,
         population=args.population,
@@ -293,13 +284,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         resume=args.resume,
     )
     run_search = _lazy("evolve.search", "run_search")
-    record_latest(run_dir)  # at the start, so `archive list` can follow a running search
     _INTERRUPT_HINT.append(f"; finished generations are kept in {run_dir} (continue with --resume {run_dir})")
     ui = RunUI()
     try:
+        # run_search creates the run directory and points runs/LATEST at it once the data
+        # has loaded (so a run that fails on bad input does not hide the previous one)
         run_search(config, ui)
     finally:
         ui.close()
+        if RunDir(run_dir).archive.is_file():
+            record_latest(run_dir)  # idempotent: guarantees LATEST even if run_search did not
     print(f"run directory: {run_dir}  (next: {PROG} archive best)")
     return 0
 
@@ -481,11 +475,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("run", help="run a search", description="Run a GP search; results go to a run directory.")
-    p.add_argument("--generations", type=_positive_int, required=True, metavar="N")
-    p.add_argument("--population", type=_positive_int, default=200, metavar="P")
-    p.add_argument("--data", nargs="+", metavar="PATH", help="step trace files or folders (default: embedded data)")
+    p.add_argument("--generations", type=_positive_int, required=True, metavar="N", help="generations to evolve")
+    p.add_argument("--population", type=_positive_int, default=200, metavar="P", help="individuals per generation")
+    p.add_argument("--data", nargs="+", action="extend", metavar="PATH", help="step trace files or folders (default: embedded data)")
     p.add_argument("--experiments", metavar="DIR", help="experiment folders for the replayed E2E objectives")
-    p.add_argument("--seed", type=_seed, default=0, metavar="S")
+    p.add_argument("--seed", type=_seed, default=0, metavar="S", help="random seed (same seed, same run)")
     p.add_argument("--jobs", type=_jobs, default=1, metavar="J", help="parallel evaluation workers (-1: every core)")
     _add_run_dir(p, help="where to write (default: runs/<UTC time>-seed<S>)")
     p.add_argument("--time-limit", type=_positive_float, metavar="SEC", help="stop after this many seconds")
@@ -514,7 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("score", help="per-step error of an entry on step traces")
     p.add_argument("id", metavar="ID")
-    p.add_argument("--data", nargs="+", required=True, metavar="PATH")
+    p.add_argument("--data", nargs="+", action="extend", required=True, metavar="PATH", help="step trace files or folders")
     _add_run_dir(p)
     p.add_argument("--json", metavar="FILE", help="also write the results to FILE")
     _add_resolver_options(p)

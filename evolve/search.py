@@ -106,8 +106,26 @@ class SearchState:
     elapsed_s: float = 0.0
 
 
+_WORKER_CONTEXTS: dict[str, FitnessContext] = {}
+
+
+def score_chunk_from_file(context_path: str, programs: list[Program]) -> list[Score]:
+    """Worker side of the pool: load the fitness context once per worker, then score."""
+    ctx = _WORKER_CONTEXTS.get(context_path)
+    if ctx is None:
+        with open(context_path, "rb") as fh:
+            ctx = pickle.load(fh)
+        _WORKER_CONTEXTS.clear()
+        _WORKER_CONTEXTS[context_path] = ctx
+    return score_many(programs, ctx)
+
+
 class Evaluator:
-    """Memoised, parallel scoring of programs."""
+    """Memoised, parallel scoring of programs.
+
+    The fitness context (tens of MB of columns) reaches each worker once: loky workers
+    read it from a pickle in a temporary directory; Dask workers get it scattered.
+    """
 
     def __init__(self, ctx: FitnessContext, jobs: int, backend: str = "loky", scheduler: str | None = None):
         self.ctx = ctx
@@ -119,19 +137,26 @@ class Evaluator:
         self._client = None
 
     def __enter__(self):
+        import tempfile
+
         from joblib import Parallel
 
+        self._tmp = None
         if self.jobs > 1 or self.backend == "dask":
             if self.backend == "dask":
+                from joblib import parallel_config
+
                 from .cluster import dask_client
 
                 self._client = dask_client(self.scheduler, self.jobs)
-                from joblib import parallel_config
-
-                self._cfg = parallel_config(backend="dask")
+                self._cfg = parallel_config(backend="dask", scatter=[self.ctx])
                 self._cfg.__enter__()
                 self._parallel = Parallel(n_jobs=-1)
             else:
+                self._tmp = tempfile.TemporaryDirectory(prefix="stepsynth-ctx-")
+                self._ctx_path = os.path.join(self._tmp.name, "context.pkl")
+                with open(self._ctx_path, "wb") as fh:
+                    pickle.dump(self.ctx, fh, protocol=pickle.HIGHEST_PROTOCOL)
                 self._parallel = Parallel(n_jobs=self.jobs, backend="loky")
             self._parallel.__enter__()
         return self
@@ -142,6 +167,8 @@ class Evaluator:
         if self._client is not None:
             self._cfg.__exit__(*exc)
             self._client.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
         return False
 
     def score(self, programs: list[Program]) -> list[Score]:
@@ -160,7 +187,10 @@ class Evaluator:
 
                 n_chunks = min(len(progs), self.jobs * 4)
                 chunks = [progs[i::n_chunks] for i in range(n_chunks)]
-                results = self._parallel(delayed(score_many)(c, self.ctx) for c in chunks)
+                if self._client is not None:
+                    results = self._parallel(delayed(score_many)(c, self.ctx) for c in chunks)
+                else:
+                    results = self._parallel(delayed(score_chunk_from_file)(self._ctx_path, c) for c in chunks)
                 scores = [None] * len(progs)
                 for i, res in enumerate(results):
                     scores[i::n_chunks] = res

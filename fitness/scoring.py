@@ -82,31 +82,84 @@ def _ape(pred: np.ndarray, target: np.ndarray) -> np.ndarray:
     return np.abs(pred - target) / target
 
 
-def score_program(program: Program, ctx: FitnessContext) -> Score:
-    """Fit and score one candidate. Never raises on numeric trouble: NaN/inf -> WORST."""
+class _StepPrep:
+    """Per-context constants of the step rows, computed once rather than per candidate."""
+
+    def __init__(self, st: StepTable):
+        self.n_exp = len(st.experiment_names)
+        self.train = np.flatnonzero(st.is_train)
+        counts = np.bincount(st.experiment[self.train], minlength=self.n_exp).astype(float)
+        # relative error, each experiment weighing the same
+        self.w = 1.0 / (st.cycle_time_us[self.train] * np.sqrt(np.maximum(counts[st.experiment[self.train]], 1.0)))
+        self.b = st.cycle_time_us[self.train] * self.w
+        val = ~st.is_train
+        # experiments without a holdout are judged on their training rows
+        has_val = np.bincount(st.experiment[val], minlength=self.n_exp) > 0
+        self.val_rows = val | ~has_val[st.experiment]
+        self.n_train = np.maximum(counts, 1.0)
+        self.n_val = np.maximum(np.bincount(st.experiment[self.val_rows], minlength=self.n_exp).astype(float), 1.0)
+        self.exp_train = st.experiment[self.train]
+        self.exp_val = st.experiment[self.val_rows]
+
+
+_PREP: dict[int, _StepPrep] = {}
+
+
+def _prep(st: StepTable) -> _StepPrep:
+    key = id(st)
+    if key not in _PREP or _PREP[key] is None:
+        _PREP.clear()  # one context per process at a time
+        _PREP[key] = _StepPrep(st)
+    return _PREP[key]
+
+
+def _nnls_normal(A: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+    """min ||A x - b||, x >= 0, through the (k x k) normal equations: fast for tall A."""
+    norms = np.sqrt(np.einsum("ij,ij->j", A, A))
+    keep = norms > 1e-12
+    if not keep.any():
+        return None
+    As = A[:, keep] / norms[keep]
+    G = As.T @ As
+    G[np.diag_indices_from(G)] += 1e-10  # ridge: collinear terms (e.g. constant per deployment)
+    try:
+        L = np.linalg.cholesky(G)
+        y = np.linalg.solve(L, As.T @ b)
+        sol, _ = nnls(L.T, y, maxiter=50 * A.shape[1])
+    except (np.linalg.LinAlgError, RuntimeError, ValueError):
+        return None
+    theta = np.zeros(A.shape[1])
+    theta[keep] = sol / norms[keep]
+    return theta
+
+
+def score_program(program: Program, ctx: FitnessContext, detail: bool = False) -> Score:
+    """Fit and score one candidate. Never raises on numeric trouble: NaN/inf -> WORST.
+
+    ``detail`` adds per-experiment medians (for the archive), which the search skips.
+    """
     terms = additive_terms(program)
     st = ctx.steps
-    blocks_a: list[np.ndarray] = []
-    blocks_b: list[np.ndarray] = []
     k = len(terms)
     n_over = len(OVERHEAD_COLUMNS) if ctx.replay is not None else 0
+    blocks_a: list[np.ndarray] = []
+    blocks_b: list[np.ndarray] = []
 
     # --- step rows ------------------------------------------------------------
     step_X = None
     if st is not None:
+        prep = _prep(st)
         step_X = np.empty((st.n, k + 1))
         for j, t in enumerate(terms):
             step_X[:, j] = evaluate_program(t, st.columns, st.n)
         step_X[:, k] = 1.0
         if not np.isfinite(step_X).all():
             return _worst(program)
-        tr = st.is_train
-        counts = np.bincount(st.experiment[tr], minlength=len(st.experiment_names)).astype(float)
-        # relative error, each experiment weighing the same
-        w = 1.0 / (st.cycle_time_us[tr] * np.sqrt(np.maximum(counts[st.experiment[tr]], 1.0)))
-        a = step_X[tr] * w[:, None]
-        blocks_a.append(np.hstack([a, np.zeros((len(a), n_over))]))
-        blocks_b.append(st.cycle_time_us[tr] * w)
+        a = step_X[prep.train] * prep.w[:, None]
+        if n_over:
+            a = np.hstack([a, np.zeros((len(a), n_over))])
+        blocks_a.append(a)
+        blocks_b.append(prep.b)
 
     # --- replayed experiment rows ---------------------------------------------
     replay_rows = []
@@ -134,20 +187,13 @@ def score_program(program: Program, ctx: FitnessContext) -> Score:
 
     if not blocks_a:
         raise ValueError("nothing to score: no step rows and no replayed experiments")
-    A = np.vstack(blocks_a)
+    A = np.vstack(blocks_a) if len(blocks_a) > 1 else blocks_a[0]
     b = np.concatenate(blocks_b)
     if not np.isfinite(A).all():
         return _worst(program)
-    norms = np.linalg.norm(A, axis=0)
-    keep = norms > 1e-12
-    if not keep.any():
+    theta = _nnls_normal(A, b)
+    if theta is None:
         return _worst(program)
-    try:
-        sol, _ = nnls(A[:, keep] / norms[keep], b, maxiter=50 * A.shape[1])
-    except (RuntimeError, ValueError):
-        return _worst(program)
-    theta = np.zeros(A.shape[1])
-    theta[keep] = sol / norms[keep]
     coefs, intercept, over = theta[:k], float(theta[k]), theta[k + 1 :]
     complexity = model_complexity(terms, list(coefs), intercept)
 
@@ -159,27 +205,24 @@ def score_program(program: Program, ctx: FitnessContext) -> Score:
         if not np.isfinite(pred).all() or (pred <= 0).any():
             return _worst(program)
         ape = _ape(pred, st.cycle_time_us)
-        tr_m, va_m, va_med = [], [], []
-        for e, name in enumerate(st.experiment_names):
-            rows = st.experiment == e
-            tr_rows, va_rows = rows & st.is_train, rows & ~st.is_train
-            tr_m.append(ape[tr_rows].mean() if tr_rows.any() else np.nan)
-            va = ape[va_rows] if va_rows.any() else ape[tr_rows]
-            va_m.append(va.mean())
-            va_med.append(np.median(va))
-            per_exp[name] = {"step_mape": float(va.mean()), "step_median_ape": float(np.median(va)),
-                             "step_mape_train": float(tr_m[-1]), "n": int(rows.sum())}
-        train_error = float(np.nanmean(tr_m))
-        objectives["step_mape"] = float(np.mean(va_m))
-        objectives["step_mape_max"] = float(np.max(va_m))
+        tr_m = np.bincount(prep.exp_train, weights=ape[prep.train], minlength=prep.n_exp) / prep.n_train
+        va_m = np.bincount(prep.exp_val, weights=ape[prep.val_rows], minlength=prep.n_exp) / prep.n_val
+        train_error = float(tr_m.mean())
+        objectives["step_mape"] = float(va_m.mean())
+        objectives["step_mape_max"] = float(va_m.max())
         objectives["step_mape_train"] = train_error
+        for e, name in enumerate(st.experiment_names):
+            per_exp[name] = {"step_mape": float(va_m[e]), "step_mape_train": float(tr_m[e])}
+            if detail:
+                rows = st.experiment == e
+                per_exp[name]["step_median_ape"] = float(np.median(ape[rows & prep.val_rows]))
+                per_exp[name]["n"] = int(rows.sum())
 
     replay_error = 0.0
     if replay_rows:
         errs: dict[str, list[float]] = {m: [] for m in REPLAY_METRICS}
         for e, m, row, obs in replay_rows:
-            pred_m = float(row @ theta)
-            err = pred_m / obs - 1.0
+            err = float(row @ theta) / obs - 1.0
             errs[m].append(abs(err))
             per_exp.setdefault(ctx.replay.names[e], {})[f"{m}_error"] = err
         for m, v in errs.items():
@@ -210,3 +253,35 @@ def score_many(programs: list[Program], ctx: FitnessContext) -> list[Score]:
 
 def used_primitives(program: Program) -> list[str]:
     return variables(program)
+
+
+def score_entry(entry, data_paths: list, resolver) -> list[dict]:
+    """Per-experiment step error of an archived expression (its constants as stored).
+
+    Returns dicts with experiment, n (cycle-time targets), mape and median_ape
+    (fractions), over every target row of the given traces.
+    """
+    from pathlib import Path
+
+    from evolve.expression import evaluate_expr, parse_infix
+    from primitives.errors import InputError
+    from primitives.registry import supported_primitives
+    from primitives.traces import load_steps
+
+    from .dataset import build_step_table
+
+    data = load_steps([Path(p) for p in data_paths])
+    expr = parse_infix(entry.expression)
+    names = sorted(s.name for s in expr.free_symbols)
+    missing = [n for n in names if n not in supported_primitives(data.available_features)]
+    if missing:
+        raise InputError(", ".join(data.sources), missing[0], "the expression needs per-request detail this trace lacks")
+    table = build_step_table(data, resolver, names or None, validation_fraction=0.0)
+    pred = np.maximum(evaluate_expr(expr, table.columns) if names else np.full(table.n, float(expr)), 1.0)
+    ape = np.abs(pred - table.cycle_time_us) / table.cycle_time_us
+    out = []
+    for e, name in enumerate(table.experiment_names):
+        rows = table.experiment == e
+        out.append({"experiment": name, "n": int(rows.sum()), "mape": float(ape[rows].mean()),
+                    "median_ape": float(np.median(ape[rows]))})
+    return out

@@ -1,0 +1,365 @@
+"""Experiment directories of the real study: what ran, and what the client measured.
+
+An experiment directory holds
+
+* ``exp-config.yaml``: the vLLM server settings (model, tensor parallelism, limits);
+* ``profile.yaml``: the load generator's input (one line of JSON);
+* ``results/config.yaml``: the load generator's *resolved* configuration, i.e. what
+  actually ran (it wins over ``profile.yaml``: e.g. ``num_groups: 10`` where the profile
+  asks for 9 system prompts);
+* ``results/summary_lifecycle_metrics.json`` and ``results/stage_<N>_lifecycle_metrics.json``:
+  the client-side latencies (seconds). The reasoning runs have none (blind test).
+
+Every malformed input raises :class:`primitives.errors.InputError` naming the file,
+the field and what was expected.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from primitives.errors import InputError
+
+# aiohttp's default total timeout (ClientTimeout(total=300)), which inference-perf keeps
+# when ``load.request_timeout`` is null.
+DEFAULT_REQUEST_TIMEOUT_S = 300.0
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
+DEFAULT_STAGE_INTERVAL_S = 1.0  # inference-perf's ``load.interval``: pause between stages
+
+EXP_CONFIG = "exp-config.yaml"
+PROFILE = "profile.yaml"
+RESULTS_CONFIG = "results/config.yaml"
+SUMMARY_METRICS = "results/summary_lifecycle_metrics.json"
+_STAGE_RE = re.compile(r"^stage_(\d+)_lifecycle_metrics\.json$")
+
+
+@dataclass(frozen=True)
+class LifecycleMetrics:
+    """Client-side request metrics of a run or a stage (means in seconds, over successes)."""
+
+    successes: int
+    failures: int
+    e2e_mean_s: float | None = None
+    ttft_mean_s: float | None = None
+    itl_mean_s: float | None = None
+    tpot_mean_s: float | None = None
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {
+            "successes": self.successes,
+            "failures": self.failures,
+            "e2e_mean_s": self.e2e_mean_s,
+            "ttft_mean_s": self.ttft_mean_s,
+            "itl_mean_s": self.itl_mean_s,
+            "tpot_mean_s": self.tpot_mean_s,
+        }
+
+
+@dataclass(frozen=True)
+class ObservedMetrics:
+    """The summary over the whole run and one entry per load stage (same keys)."""
+
+    summary: LifecycleMetrics
+    stages: tuple[LifecycleMetrics, ...] = ()
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    """Everything the closed-loop simulation needs about one run, plus what was observed."""
+
+    name: str
+    model: str  # HF id, e.g. "meta-llama/Llama-2-70b-hf"
+    tp: int
+    stages: tuple[tuple[float, float], ...]  # (rate req/s, duration s)
+    num_groups: int
+    num_prompts_per_group: int
+    system_prompt_len: int  # configured tokens (before re-tokenisation)
+    question_len: int
+    output_len: int
+    max_model_len: int = 4096
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 128
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    stage_interval_s: float = DEFAULT_STAGE_INTERVAL_S
+    load_type: str = "constant"
+    observed: ObservedMetrics | None = None
+    path: str | None = None
+
+    @property
+    def num_users(self) -> int:
+        return self.num_groups * self.num_prompts_per_group
+
+    @property
+    def num_requests(self) -> int:
+        return sum(int(rate * duration) for rate, duration in self.stages)
+
+    @property
+    def workload(self) -> str:
+        """The workload name at the end of the directory name (general, codegen, ...)."""
+        return self.name.rsplit("-", 1)[-1]
+
+
+# ---------------------------------------------------------------------------
+# Field access with precise errors
+
+
+def _read_text(path: Path) -> str:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError(path, None, "file not found") from None
+    except OSError as exc:
+        raise InputError(path, None, f"cannot read file ({exc.strerror})") from None
+    if not text.strip():
+        raise InputError(path, None, "the file is empty")
+    return text
+
+
+def _read_mapping(path: Path, kind: str) -> dict:
+    text = _read_text(path)
+    try:
+        data = json.loads(text) if kind == "json" else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(path, None, f"not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except yaml.YAMLError as exc:
+        raise InputError(path, None, f"not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise InputError(path, None, f"expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+_MISSING = object()
+
+
+def _get(data: dict, dotted: str, path: Path, default: Any = _MISSING) -> Any:
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            if default is not _MISSING:
+                return default
+            raise InputError(path, dotted, "a required field is missing")
+        node = node[part]
+    if node is None and default is not _MISSING:
+        return default
+    return node
+
+
+def _number(value: Any, path: Path, dotted: str, *, integer: bool = False, positive: bool = True,
+            allow_zero: bool = False) -> float | int:
+    if value is None:
+        raise InputError(path, dotted, "a required field is missing (expected a number)")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        # YAML may hold numbers as strings ("600"); accept them only if they parse
+        try:
+            value = float(str(value).strip())
+        except ValueError:
+            raise InputError(path, dotted, f"expected a number, got {value!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise InputError(path, dotted, f"expected a finite number, got {value!r}")
+    if integer:
+        if float(value) != int(value):
+            raise InputError(path, dotted, f"expected an integer, got {value!r}")
+        value = int(value)
+    if positive and (value < 0 or (value == 0 and not allow_zero)):
+        raise InputError(path, dotted, f"expected a {'non-negative' if allow_zero else 'positive'} number, got {value!r}")
+    return value
+
+
+def _num_field(data: dict, dotted: str, path: Path, *, integer: bool = False, default: Any = _MISSING,
+               allow_zero: bool = False) -> float | int:
+    value = _get(data, dotted, path, default)
+    return _number(value, path, dotted, integer=integer, allow_zero=allow_zero)
+
+
+# ---------------------------------------------------------------------------
+# Parsing the three inputs
+
+
+def _parse_stages(load: Any, path: Path, prefix: str) -> tuple[tuple[float, float], ...]:
+    stages = _get({"load": load}, "load.stages", path) if isinstance(load, dict) else None
+    if not isinstance(stages, list) or not stages:
+        raise InputError(path, f"{prefix}.stages", "expected a non-empty list of {rate, duration} stages")
+    out = []
+    for i, st in enumerate(stages):
+        where = f"{prefix}.stages[{i}]"
+        if not isinstance(st, dict):
+            raise InputError(path, where, "expected a mapping with rate and duration")
+        if "rate" not in st or st["rate"] is None:
+            raise InputError(path, f"{where}.rate", "a required field is missing (requests per second)")
+        if "duration" not in st or st["duration"] is None:
+            raise InputError(path, f"{where}.duration", "a required field is missing (seconds)")
+        rate = float(_number(st["rate"], path, f"{where}.rate"))
+        duration = float(_number(st["duration"], path, f"{where}.duration"))
+        out.append((rate, duration))
+    return tuple(out)
+
+
+_SHAPE_FIELDS = ("system_prompt_len", "question_len", "output_len")
+
+
+def _shape_from_results(cfg: dict, path: Path) -> dict[str, int]:
+    sp = _get(cfg, "data.shared_prefix", path)
+    if not isinstance(sp, dict):
+        raise InputError(path, "data.shared_prefix", "expected a mapping (the shared-prefix data shape)")
+    shape = {k: _num_field(cfg, f"data.shared_prefix.{k}", path, integer=True)
+             for k in ("num_groups", "num_prompts_per_group", *_SHAPE_FIELDS)}
+    return shape
+
+
+def _shape_from_profile(prof: dict, path: Path) -> dict[str, int]:
+    sp = _get(prof, "data.shared_prefix", path)
+    if not isinstance(sp, dict):
+        raise InputError(path, "data.shared_prefix", "expected a mapping (the shared-prefix data shape)")
+    shape = {k: _num_field(prof, f"data.shared_prefix.{k}", path, integer=True) for k in _SHAPE_FIELDS}
+    # the profile spells the group shape differently from the resolved config
+    for key, names in (("num_groups", ("num_groups", "num_unique_system_prompts")),
+                       ("num_prompts_per_group", ("num_prompts_per_group", "num_users_per_system_prompt"))):
+        name = next((n for n in names if sp.get(n) is not None), None)
+        if name is None:
+            raise InputError(path, f"data.shared_prefix.{names[1]}", "a required field is missing")
+        shape[key] = _num_field(prof, f"data.shared_prefix.{name}", path, integer=True)
+    return shape
+
+
+def _parse_metrics_file(path: Path) -> LifecycleMetrics:
+    data = _read_mapping(path, "json")
+    successes = _num_field(data, "successes.count", path, integer=True, allow_zero=True)
+    failures = _num_field(data, "failures.count", path, integer=True, allow_zero=True)
+    means: dict[str, float | None] = {}
+    keys = {
+        "e2e_mean_s": "request_latency",
+        "ttft_mean_s": "time_to_first_token",
+        "itl_mean_s": "inter_token_latency",
+        "tpot_mean_s": "time_per_output_token",
+    }
+    for out_key, src in keys.items():
+        dotted = f"successes.latency.{src}.mean"
+        if successes == 0:
+            raw = _get(data, dotted, path, None)
+            means[out_key] = None if raw is None else float(_number(raw, path, dotted, allow_zero=True))
+        else:
+            means[out_key] = float(_num_field(data, dotted, path, allow_zero=True))
+    return LifecycleMetrics(successes=int(successes), failures=int(failures), **means)
+
+
+def load_observed(results_dir: Path) -> ObservedMetrics | None:
+    """The lifecycle metrics in ``results/``, or None when the run's results are withheld."""
+    results_dir = Path(results_dir)
+    summary_path = results_dir / Path(SUMMARY_METRICS).name
+    if not summary_path.exists():
+        return None
+    summary = _parse_metrics_file(summary_path)
+    found = {}
+    for f in results_dir.iterdir():
+        m = _STAGE_RE.match(f.name)
+        if m:
+            found[int(m.group(1))] = f
+    if found and sorted(found) != list(range(len(found))):
+        raise InputError(results_dir, "stage_<N>_lifecycle_metrics.json",
+                         f"expected stages numbered 0..{len(found) - 1}, found {sorted(found)}")
+    stages = tuple(_parse_metrics_file(found[i]) for i in sorted(found))
+    return ObservedMetrics(summary=summary, stages=stages)
+
+
+def load_experiment(directory: str | Path) -> ExperimentSpec:
+    """Read one experiment directory (see the module docstring for its files)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise InputError(directory, None, "expected an experiment directory (holding exp-config.yaml)")
+
+    exp_path = directory / EXP_CONFIG
+    exp = _read_mapping(exp_path, "yaml")
+    model = _get(exp, "model", exp_path)
+    if not isinstance(model, str) or not model.strip():
+        raise InputError(exp_path, "model", f"expected a model name (HF id), got {model!r}")
+    tp = _num_field(exp, "tensor_parallelism", exp_path, integer=True)
+    max_model_len = _num_field(exp, "max_model_len", exp_path, integer=True)
+    max_batched = _num_field(exp, "max_num_batched_tokens", exp_path, integer=True)
+    max_seqs = _num_field(exp, "max_num_seqs", exp_path, integer=True)
+    gmu = float(_num_field(exp, "gpu_memory_utilization", exp_path, default=DEFAULT_GPU_MEMORY_UTILIZATION))
+    if not 0.0 < gmu <= 1.0:
+        raise InputError(exp_path, "gpu_memory_utilization", f"expected a fraction in (0, 1], got {gmu!r}")
+
+    results_cfg_path = directory / RESULTS_CONFIG
+    if results_cfg_path.exists():
+        src_path = results_cfg_path
+        cfg = _read_mapping(results_cfg_path, "yaml")
+        shape = _shape_from_results(cfg, src_path)
+    else:
+        src_path = directory / PROFILE
+        cfg = _read_mapping(src_path, "json")
+        shape = _shape_from_profile(cfg, src_path)
+    load = _get(cfg, "load", src_path)
+    if not isinstance(load, dict):
+        raise InputError(src_path, "load", "expected a mapping (load type and stages)")
+    stages = _parse_stages(load, src_path, "load")
+    timeout = float(_num_field(cfg, "load.request_timeout", src_path, default=DEFAULT_REQUEST_TIMEOUT_S))
+    interval = float(_num_field(cfg, "load.interval", src_path, default=DEFAULT_STAGE_INTERVAL_S, allow_zero=True))
+    load_type = _get(cfg, "load.type", src_path, "constant")
+    if not isinstance(load_type, str):
+        raise InputError(src_path, "load.type", f"expected a load type name, got {load_type!r}")
+
+    results_dir = directory / "results"
+    observed = load_observed(results_dir) if results_dir.is_dir() else None
+
+    return ExperimentSpec(
+        name=directory.name,
+        model=model.strip(),
+        tp=int(tp),
+        stages=stages,
+        num_groups=int(shape["num_groups"]),
+        num_prompts_per_group=int(shape["num_prompts_per_group"]),
+        system_prompt_len=int(shape["system_prompt_len"]),
+        question_len=int(shape["question_len"]),
+        output_len=int(shape["output_len"]),
+        max_model_len=int(max_model_len),
+        max_num_batched_tokens=int(max_batched),
+        max_num_seqs=int(max_seqs),
+        gpu_memory_utilization=gmu,
+        request_timeout_s=timeout,
+        stage_interval_s=interval,
+        load_type=load_type,
+        observed=observed,
+        path=str(directory),
+    )
+
+
+def find_experiments(root: str | Path) -> list[ExperimentSpec]:
+    """Every subdirectory of ROOT holding ``exp-config.yaml`` (ROOT itself if it is one), by name."""
+    root = Path(root)
+    if not root.is_dir():
+        raise InputError(root, None, "expected a directory of experiment directories")
+    if (root / EXP_CONFIG).exists():
+        return [load_experiment(root)]
+    dirs = sorted((d for d in root.iterdir() if d.is_dir() and (d / EXP_CONFIG).exists()), key=lambda d: d.name)
+    if not dirs:
+        raise InputError(root, EXP_CONFIG, "no experiment directory (holding exp-config.yaml) below this directory")
+    return [load_experiment(d) for d in dirs]
+
+
+def shared_data_root() -> Path:
+    """``$STEPSYNTH_SHARED`` or ``<repo>/../shared``: where the read-only shared data lives."""
+    import os
+
+    env = os.environ.get("STEPSYNTH_SHARED")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent.parent / "shared"
+
+
+__all__ = [
+    "DEFAULT_REQUEST_TIMEOUT_S",
+    "ExperimentSpec",
+    "LifecycleMetrics",
+    "ObservedMetrics",
+    "find_experiments",
+    "load_experiment",
+    "load_observed",
+    "shared_data_root",
+]

@@ -1,0 +1,245 @@
+"""The inference-perf load generator (shared-prefix data, constant-rate stages) and its client.
+
+What the real runs did (``/work/shared/NOTES.md`` §2-3):
+
+* **Arrivals.** Per stage ``int(rate * duration)`` requests; exponential gaps rescaled so
+  that the last request is sent exactly ``duration`` after the stage starts (the first one
+  a fraction of a gap in: the results' ``send_duration`` is ``duration`` minus about one
+  mean gap). A stage starts once the previous one has drained (every response received
+  or timed out), after ``load.interval``.
+* **Prompts.** ``num_groups`` system prompts, ``num_prompts_per_group`` questions each;
+  user ``u`` belongs to group ``u // num_prompts_per_group`` and request ``i`` goes to user
+  ``i mod users``. A user always sends the same prompt (the results' prompt lengths do not
+  grow), so prefix caching reuses the group's system prompt and, after the first round,
+  the user's whole prompt. Prompts of random token ids re-tokenise to more tokens than
+  configured: measured ``prompt_len`` mean/configured is 575/547, 593.5/566 and 786/750
+  (x1.05), with users spread about ±2.7 % (general: 559..589).
+* **Output.** ``max_tokens = output_len`` with ``ignore_eos``: exactly ``output_len`` tokens.
+* **Timeout.** The HTTP client gives up ``request_timeout_s`` after sending; such requests
+  are failures, kept out of the latency statistics.
+* **Measurement** (client side, from the streamed events). Each generated token arrives
+  as *two* events ``event_gap_us`` apart. E2E = send -> last event; TTFT = send -> first
+  event; ITL = every gap between consecutive events, pooled over requests; TPOT =
+  (last - first event) / (events after the first). So ITL and TPOT are about half the
+  per-token time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .experiments import ExperimentSpec, LifecycleMetrics
+
+# Re-tokenisation of random-token prompts: mean inflation and per-user spread (uniform ±).
+PROMPT_INFLATION = 1.05
+PROMPT_SPREAD = 0.027
+EVENTS_PER_TOKEN = 2
+# Gap between the two events of a token. The ITL percentiles show it: p10 9 µs, p25 22 µs,
+# median 38 µs (the median sits at the edge between the short and the step-long gaps).
+DEFAULT_EVENT_GAP_US = 25.0
+US_PER_S = 1e6
+
+
+@dataclass(frozen=True)
+class PromptShapes:
+    """Re-tokenised prompt lengths, fixed per user (deterministic from the seed)."""
+
+    group_system_len: np.ndarray  # tokens of each group's system prompt (the shared prefix)
+    user_group: np.ndarray  # group of each user
+    user_prompt_len: np.ndarray  # whole prompt (system + question) of each user
+
+    @property
+    def num_users(self) -> int:
+        return len(self.user_group)
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """Every request of an experiment, before any timing: who sends what, in which stage.
+
+    Send times are per-stage offsets because a stage starts only when the previous one
+    has drained, which the closed loop decides.
+    """
+
+    shapes: PromptShapes
+    output_len: int
+    request_user: np.ndarray  # int, user of each request (request i -> i mod users)
+    request_stage: np.ndarray  # int, stage of each request
+    stage_offsets_s: tuple[np.ndarray, ...]  # per stage: send time after the stage start (s)
+    stage_first_request: np.ndarray  # index of each stage's first request; last entry = total
+    timeout_s: float
+    stage_interval_s: float
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.request_user)
+
+    @property
+    def request_input_len(self) -> np.ndarray:
+        return self.shapes.user_prompt_len[self.request_user]
+
+    @property
+    def request_group(self) -> np.ndarray:
+        return self.shapes.user_group[self.request_user]
+
+
+def _inflated(configured: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    factor = PROMPT_INFLATION * (1.0 + rng.uniform(-PROMPT_SPREAD, PROMPT_SPREAD, size=n))
+    return np.maximum(np.rint(configured * factor).astype(np.int64), 0)
+
+
+def prompt_shapes(spec: ExperimentSpec, rng: np.random.Generator) -> PromptShapes:
+    """Per-group system prompt and per-user prompt lengths after re-tokenisation."""
+    groups, per_group = spec.num_groups, spec.num_prompts_per_group
+    system = _inflated(spec.system_prompt_len, groups, rng)
+    total = _inflated(spec.system_prompt_len + spec.question_len, groups * per_group, rng)
+    user_group = np.repeat(np.arange(groups, dtype=np.int64), per_group)
+    # every prompt holds its group's whole system prompt and at least one question token
+    total = np.maximum(total, system[user_group] + (1 if spec.question_len > 0 else 0))
+    total = np.maximum(total, 1)
+    return PromptShapes(group_system_len=system, user_group=user_group, user_prompt_len=total)
+
+
+def stage_offsets_s(rate: float, duration_s: float, rng: np.random.Generator,
+                    process: str = "exponential") -> np.ndarray:
+    """Send times of one stage after its start (s): ``int(rate*duration)`` of them.
+
+    ``exponential``: exponential gaps rescaled so the cumulative sum ends exactly at
+    ``duration_s``; ``uniform``: evenly spaced, the last at ``duration_s``.
+    """
+    n = int(rate * duration_s)
+    if n <= 0:
+        return np.zeros(0)
+    if process == "uniform":
+        return np.arange(1, n + 1, dtype=np.float64) * (duration_s / n)
+    if process != "exponential":
+        raise ValueError(f"unknown arrival process {process!r}")
+    gaps = rng.exponential(1.0, size=n)
+    t = np.cumsum(gaps)
+    return t * (duration_s / t[-1])
+
+
+def build_load(spec: ExperimentSpec, seed: int = 0, process: str = "exponential") -> LoadPlan:
+    """The requests of an experiment: users, stages, per-stage send offsets (seeded)."""
+    seq = np.random.SeedSequence(seed)
+    prompt_seq, arrival_seq = seq.spawn(2)
+    shapes = prompt_shapes(spec, np.random.default_rng(prompt_seq))
+    stage_rngs = [np.random.default_rng(s) for s in arrival_seq.spawn(len(spec.stages))]
+    offsets = tuple(stage_offsets_s(rate, dur, rng, process) for (rate, dur), rng in zip(spec.stages, stage_rngs))
+    counts = np.array([len(o) for o in offsets], dtype=np.int64)
+    first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    total = int(first[-1])
+    users = max(shapes.num_users, 1)
+    return LoadPlan(
+        shapes=shapes,
+        output_len=int(spec.output_len),
+        request_user=np.arange(total, dtype=np.int64) % users,
+        request_stage=np.repeat(np.arange(len(counts), dtype=np.int64), counts),
+        stage_offsets_s=offsets,
+        stage_first_request=first,
+        timeout_s=float(spec.request_timeout_s),
+        stage_interval_s=float(spec.stage_interval_s),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Client-side measurement
+
+
+def token_events_us(token_times_us: np.ndarray, event_gap_us: float = DEFAULT_EVENT_GAP_US) -> np.ndarray:
+    """The streamed events of one request: two per token, ``event_gap_us`` apart."""
+    t = np.asarray(token_times_us, dtype=np.float64)
+    return np.stack([t, t + event_gap_us], axis=1).ravel()
+
+
+def metrics_from_event_streams(send_us: np.ndarray, streams: list[np.ndarray]) -> dict[str, np.ndarray | float]:
+    """The load generator's arithmetic on explicit event streams (reference, for tests).
+
+    Returns per-request ``e2e_us``, ``ttft_us``, ``tpot_us`` and the pooled ``itl_mean_us``.
+    """
+    e2e, ttft, tpot, gaps = [], [], [], []
+    for s, ev in zip(send_us, streams):
+        ev = np.asarray(ev, dtype=np.float64)
+        e2e.append(ev[-1] - s)
+        ttft.append(ev[0] - s)
+        tpot.append((ev[-1] - ev[0]) / (len(ev) - 1) if len(ev) > 1 else 0.0)
+        gaps.append(np.diff(ev))
+    pooled = np.concatenate(gaps) if gaps else np.zeros(0)
+    return {
+        "e2e_us": np.array(e2e),
+        "ttft_us": np.array(ttft),
+        "tpot_us": np.array(tpot),
+        "itl_mean_us": float(pooled.mean()) if len(pooled) else float("nan"),
+    }
+
+
+@dataclass(frozen=True)
+class ClientTimes:
+    """Per-request client measurements (µs), from first/last token arrival times."""
+
+    e2e_us: np.ndarray
+    ttft_us: np.ndarray
+    span_us: np.ndarray  # last event - first event
+    gaps: np.ndarray  # events after the first (= number of ITL gaps): 2 * tokens - 1
+    tpot_us: np.ndarray
+
+
+def client_times(send_us: np.ndarray, first_token_us: np.ndarray, last_token_us: np.ndarray,
+                 n_tokens: np.ndarray, event_gap_us: float = DEFAULT_EVENT_GAP_US) -> ClientTimes:
+    """Closed form of :func:`metrics_from_event_streams` for two events per token.
+
+    Only the first and the last token times matter: the events of token m are at
+    ``t_m`` and ``t_m + gap``, so the last event is ``t_N + gap`` and the pooled ITL gaps of a
+    request sum to ``t_N + gap - t_1`` over ``2N - 1`` gaps.
+    """
+    n_tokens = np.asarray(n_tokens, dtype=np.float64)
+    last_event = last_token_us + event_gap_us
+    span = last_event - first_token_us
+    gaps = EVENTS_PER_TOKEN * n_tokens - 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = np.where(gaps > 0, span / np.maximum(gaps, 1), 0.0)
+    return ClientTimes(
+        e2e_us=last_event - send_us,
+        ttft_us=first_token_us - send_us,
+        span_us=span,
+        gaps=gaps,
+        tpot_us=tpot,
+    )
+
+
+def lifecycle_metrics(times: ClientTimes, success: np.ndarray, mask: np.ndarray | None = None) -> LifecycleMetrics:
+    """Means (s) over the successful requests in MASK, as the results files report them."""
+    success = np.asarray(success, dtype=bool)
+    sel = success if mask is None else success & mask
+    n_ok = int(sel.sum())
+    n_fail = int(((~success) if mask is None else (~success & mask)).sum())
+    if n_ok == 0:
+        return LifecycleMetrics(successes=0, failures=n_fail)
+    gaps = times.gaps[sel].sum()
+    return LifecycleMetrics(
+        successes=n_ok,
+        failures=n_fail,
+        e2e_mean_s=float(times.e2e_us[sel].mean() / US_PER_S),
+        ttft_mean_s=float(times.ttft_us[sel].mean() / US_PER_S),
+        itl_mean_s=float(times.span_us[sel].sum() / gaps / US_PER_S) if gaps > 0 else None,
+        tpot_mean_s=float(times.tpot_us[sel].mean() / US_PER_S),
+    )
+
+
+__all__ = [
+    "DEFAULT_EVENT_GAP_US",
+    "EVENTS_PER_TOKEN",
+    "PROMPT_INFLATION",
+    "PROMPT_SPREAD",
+    "ClientTimes",
+    "LoadPlan",
+    "PromptShapes",
+    "build_load",
+    "client_times",
+    "lifecycle_metrics",
+    "metrics_from_event_streams",
+    "prompt_shapes",
+    "stage_offsets_s",
+    "token_events_us",
+]

@@ -1,0 +1,152 @@
+"""`python -m evolve archive ...` and the CLI's error handling, on a hand-filled archive."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from archive.entry import ArchiveEntry, entry_id_for
+from archive.select import recommend
+from archive.store import ArchiveStore, record_latest
+from evolve.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def entry(expr: str, complexity: int, step_mape: float, e2e: float, generation: int = 0) -> ArchiveEntry:
+    return ArchiveEntry(
+        id=entry_id_for(expr), expression=expr, simplified=expr, complexity=complexity,
+        constants=[0.5, 3.0], objectives={"step_mape": step_mape, "complexity": complexity, "e2e_error": e2e},
+        generation=generation, primitives=["decode_tokens", "weight_bytes_per_gpu"],
+        overheads={"inter_step_gap_us": 850.0},
+        per_experiment={
+            "llama-2-70b-tp4-general": {"mape": step_mape, "e2e_error": e2e, "n": 593},
+            "codellama-34b-tp2-general": {"mape": step_mape * 1.1, "e2e_error": e2e, "n": 716},
+        },
+    )
+
+
+FRONT = [
+    entry("3.0*weight_bytes_per_gpu", 3, 0.40, 0.50),
+    entry("0.5*decode_tokens + 3.0*weight_bytes_per_gpu", 7, 0.10, 0.12, generation=2),
+    entry("max(0.5*decode_tokens, 3.0*weight_bytes_per_gpu)", 9, 0.09, float("inf"), generation=3),
+]
+OFF_FRONT = entry("decode_tokens", 1, 0.90, 0.95)
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A project folder with one finished run named in runs/LATEST; cwd is the folder."""
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "runs" / "20240101T000000Z-seed0"
+    with ArchiveStore(run_dir / "archive.sqlite") as store:
+        store.start_run("run-1", {"generations": 4}, 0, "fp-abc")
+        store.record_generation("run-1", 0, [OFF_FRONT], [OFF_FRONT], {})
+        store.record_generation("run-1", 3, FRONT, FRONT, {"evals": 1000})
+        store.finish_run("run-1", {"generations": 4})
+    record_latest(run_dir)
+    return run_dir
+
+
+def one_error_line(capsys: pytest.CaptureFixture) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and "Traceback" not in err
+    return lines[0]
+
+
+def test_list_json(project: Path, capsys):
+    assert main(["archive", "list", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in rows] == [e.id for e in FRONT]
+    for r in rows:
+        assert {"id", "expression", "complexity", "objectives", "generation", "constants", "overheads"} <= set(r)
+        assert isinstance(r["objectives"], dict)
+    assert rows[1]["generation"] == 2 and rows[1]["constants"] == [0.5, 3.0]
+    assert rows[2]["objectives"]["e2e_error"] is None  # inf is not JSON: printed as null
+    assert [r["id"] for r in rows if r["recommended"]] == [recommend(FRONT).id]
+
+
+def test_list_all_and_table(project: Path, capsys):
+    assert main(["archive", "list", "--all", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert OFF_FRONT.id in {r["id"] for r in rows}
+    assert next(r for r in rows if r["id"] == OFF_FRONT.id)["on_front"] is False
+    assert main(["archive", "list", "--run-dir", str(project)]) == 0
+    out = capsys.readouterr().out
+    for e in FRONT:
+        assert e.id in out
+    assert "step MAPE" in out and "E2E err" in out and "10.00%" in out
+
+
+def test_best_json(project: Path, capsys):
+    assert main(["archive", "best", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)
+    # worst-case error: the 9-node model has an infinite E2E error; the 7-node one wins
+    assert best["id"] == FRONT[1].id == recommend(FRONT).id
+    assert best["expression"] == FRONT[1].expression and best["complexity"] == 7
+    assert best["objectives"]["step_mape"] == 0.10 and best["combined_error"] == 0.12
+    assert main(["archive", "best"]) == 0
+    assert FRONT[1].id in capsys.readouterr().out
+
+
+def test_show(project: Path, capsys):
+    target = FRONT[1]
+    assert main(["archive", "show", target.id[:7]]) == 0
+    out = capsys.readouterr().out
+    assert target.id in out and "decode_tokens" in out
+    assert "llama-2-70b-tp4-general" in out and "codellama-34b-tp2-general" in out
+    assert "inter_step_gap_us" in out and "850" in out
+    assert "simplified (sympy)" in out
+    assert "first found in generation" in out
+
+
+def test_unknown_id_is_one_line(project: Path, capsys):
+    assert main(["archive", "show", "ffffffffffff"]) == 2
+    line = one_error_line(capsys)
+    assert "archive.sqlite" in line and "id" in line and "archive list" in line
+
+
+def test_missing_run_is_one_line(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for argv in (["archive", "list"], ["archive", "best", "--json"], ["archive", "show", "abc"]):
+        assert main(argv) == 2
+        line = one_error_line(capsys)
+        assert "no run found in this directory" in line and "--run-dir" in line
+    assert main(["archive", "list", "--run-dir", str(tmp_path / "nope")]) == 2
+    assert "no such run directory" in one_error_line(capsys)
+
+
+def test_empty_run_is_one_line(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with ArchiveStore(tmp_path / "r" / "archive.sqlite") as store:
+        store.start_run("r", {}, 0, "fp")
+    assert main(["archive", "best", "--run-dir", str(tmp_path / "r")]) == 2
+    assert "no generation recorded yet" in one_error_line(capsys)
+
+
+def test_usage_errors_exit_2(project: Path, capsys):
+    assert main(["archive"]) == 2
+    assert main(["run"]) == 2  # --generations is required
+    assert main(["run", "--generations", "0"]) == 2
+    capsys.readouterr()
+    assert main(["--help"]) == 0
+
+
+def test_python_dash_m_entry_point(project: Path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "evolve", "archive", "show", "0000000"],
+        cwd=project.parent.parent, capture_output=True, text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ")
+    proc = subprocess.run(
+        [sys.executable, "-m", "evolve", "archive", "best", "--json"],
+        cwd=project.parent.parent, capture_output=True, text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["id"] == FRONT[1].id

@@ -1,0 +1,228 @@
+"""`run`, `score`, `validate`, `export-go` plumbing and the run UI.
+
+The heavy implementations (search, scoring, replay, Go export) are replaced by small
+fakes in ``sys.modules`` so these tests check only what the CLI does: parse, check
+inputs, call, write JSON, show tables, and turn errors into one line.
+"""
+from __future__ import annotations
+
+import io
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from archive.entry import ArchiveEntry, entry_id_for
+from archive.store import ArchiveStore, RunDir, record_latest
+from evolve.cli import main
+from evolve.config import RunConfig
+from evolve.ui import RunUI
+from primitives.errors import InputError
+
+ENTRY = ArchiveEntry(
+    id=entry_id_for("2.0*decode_tokens"), expression="2.0*decode_tokens", simplified="2.0*decode_tokens",
+    complexity=3, constants=[2.0], objectives={"step_mape": 0.2}, generation=1, primitives=["decode_tokens"],
+)
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "runs" / "r0"
+    with ArchiveStore(RunDir(run_dir).archive) as store:
+        store.start_run("r0", {}, 0, "fp")
+        store.record_generation("r0", 1, [ENTRY], [ENTRY], {})
+    record_latest(run_dir)
+    return tmp_path
+
+
+def fake_module(monkeypatch: pytest.MonkeyPatch, name: str, **attrs) -> None:
+    module = types.ModuleType(name)
+    for k, v in attrs.items():
+        setattr(module, k, v)
+    monkeypatch.setitem(sys.modules, name, module)
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    return err.strip()
+
+
+# -- run ------------------------------------------------------------------------------
+def test_run_builds_config_and_calls_search(project: Path, monkeypatch, capsys):
+    seen: dict = {}
+
+    def run_search(config: RunConfig, ui):
+        seen["config"] = config
+        root = Path(config.run_dir)
+        with ArchiveStore(RunDir(root).archive) as store:
+            store.start_run("x", config.to_dict(), config.seed, "fp")
+            store.record_generation("x", 1, [ENTRY], [ENTRY], {})
+        ui.start(config.generations, config.time_limit_s)
+        ui.update(1, 0.2, 1, 100.0)
+        ui.finish([ENTRY], {"status": "finished"})
+        return [ENTRY]
+
+    fake_module(monkeypatch, "evolve.search", run_search=run_search)
+    data = project / "steps.parquet"
+    data.write_bytes(b"")
+    rc = main([
+        "run", "--generations", "3", "--population", "20", "--seed", "7", "--data", str(data),
+        "--jobs", "2", "--time-limit", "60", "--checkpoint-every", "2",
+    ])
+    assert rc == 0, capsys.readouterr().err
+    config = seen["config"]
+    assert (config.generations, config.population, config.seed, config.jobs) == (3, 20, 7, 2)
+    assert config.data == [str(data)] and config.time_limit_s == 60.0 and config.checkpoint_every == 2
+    assert config.backend == "loky" and config.resume is None
+    run_dir = Path(config.run_dir)
+    assert run_dir.parent == project / "runs" and run_dir.name.endswith("-seed7")
+    # LATEST now names the new run
+    assert (project / "runs" / "LATEST").read_text().strip() == str(Path("runs") / run_dir.name)
+    out = capsys.readouterr().out
+    assert "gen 1/3" in out and ENTRY.id in out and "run directory:" in out
+
+
+def test_run_bad_inputs_are_one_line(project: Path, monkeypatch, capsys):
+    fake_module(monkeypatch, "evolve.search", run_search=lambda c, ui: pytest.fail("must not run"))
+    assert main(["run", "--generations", "2", "--data", "missing.parquet"]) == 2
+    assert "missing.parquet: --data: no such file" in one_error_line(capsys)
+    assert main(["run", "--generations", "2", "--scheduler", "tcp://x:8786"]) == 2
+    assert "--backend dask" in one_error_line(capsys)
+    assert main(["run", "--generations", "2", "--resume", "nowhere"]) == 2
+    assert "--resume" in one_error_line(capsys)
+
+    def bad_input(config, ui):
+        raise InputError("traces.parquet", "step.id", "expected integers")
+
+    fake_module(monkeypatch, "evolve.search", run_search=bad_input)
+    assert main(["run", "--generations", "2"]) == 2
+    assert one_error_line(capsys) == "error: traces.parquet: step.id: expected integers"
+    # a run that failed before creating its archive leaves LATEST alone
+    assert (project / "runs" / "LATEST").read_text().strip() == str(Path("runs") / "r0")
+
+
+def test_run_interrupted_is_one_line_130(project: Path, monkeypatch, capsys):
+    def interrupted(config, ui):
+        raise KeyboardInterrupt
+
+    fake_module(monkeypatch, "evolve.search", run_search=interrupted)
+    assert main(["run", "--generations", "2", "--run-dir", "somewhere"]) == 130
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("interrupted") and "--resume" in err
+
+
+# -- score / validate / export-go ------------------------------------------------------
+def test_score_writes_json_and_table(project: Path, monkeypatch, capsys):
+    calls = []
+
+    def score_entry(entry, data_paths, resolver):
+        calls.append((entry.id, data_paths, type(resolver).__name__))
+        return [
+            {"experiment": "llama-2-70b-tp4", "n": 100, "mape": 0.10, "median_ape": 0.08},
+            {"experiment": "codellama-34b-tp2", "n": 300, "mape": 0.20, "median_ape": 0.15},
+        ]
+
+    fake_module(monkeypatch, "fitness.scoring", score_entry=score_entry)
+    (project / "d").mkdir()
+    assert main(["score", ENTRY.id[:5], "--data", "d", "--json", "out.json"]) == 0
+    assert calls == [(ENTRY.id, ["d"], "DeploymentResolver")]
+    result = json.loads((project / "out.json").read_text())
+    assert result["id"] == ENTRY.id and len(result["experiments"]) == 2
+    assert result["overall_mape"] == pytest.approx((0.1 * 100 + 0.2 * 300) / 400)
+    out = capsys.readouterr().out
+    assert "llama-2-70b-tp4" in out and "10.00%" in out
+
+
+def test_unwritable_json_fails_before_work(project: Path, monkeypatch, capsys):
+    fake_module(monkeypatch, "fitness.scoring", score_entry=lambda *a: pytest.fail("must not score"))
+    (project / "d").mkdir()
+    assert main(["score", ENTRY.id, "--data", "d", "--json", "no/such/dir/out.json"]) == 2
+    assert "--json" in one_error_line(capsys)
+    assert main(["score", ENTRY.id, "--data", "d", "--json", "d"]) == 2
+    assert "is a directory" in one_error_line(capsys)
+
+
+def test_validate(project: Path, monkeypatch, capsys):
+    def validate_entry(entry, experiments_dir, lomo, resolver):
+        assert lomo is True and experiments_dir == "exps"
+        return {"e2e_error": 0.07, "experiments": [{"experiment": "a", "e2e_error": 0.05, "ttft_error": 0.1}]}
+
+    fake_module(monkeypatch, "fitness.validate", validate_entry=validate_entry)
+    (project / "exps").mkdir()
+    assert main(["validate", ENTRY.id, "--experiments", "exps", "--lomo", "--json", "v.json"]) == 0
+    saved = json.loads((project / "v.json").read_text())
+    assert saved["lomo"] is True and saved["e2e_error"] == 0.07 and saved["id"] == ENTRY.id
+    out = " ".join(capsys.readouterr().out.split())  # (table titles wrap)
+    assert "7.00%" in out and "leave one model out" in out
+    assert main(["validate", ENTRY.id, "--experiments", "nowhere"]) == 2
+    assert "no such directory" in one_error_line(capsys)
+
+
+def test_export_go(project: Path, monkeypatch, capsys):
+    seen = {}
+
+    def export_go(entry, deployment, out_dir, package, interface):
+        seen.update(entry=entry.id, deployment=deployment, out=Path(out_dir), package=package, interface=interface)
+        target = Path(out_dir) / "step_time.go"
+        target.write_text("package x\n")
+        return [target]
+
+    fake_module(monkeypatch, "translate_go.export", export_go=export_go)
+    assert main(["export-go", ENTRY.id, "--out", "go/out", "--package", "sim", "--interface", "seed",
+                 "--model", "llama-2-70b", "--tp", "4"]) == 0
+    assert seen["entry"] == ENTRY.id and seen["package"] == "sim" and seen["interface"] == "seed"
+    assert seen["deployment"].tp == 4 and seen["out"] == Path("go/out")
+    assert "step_time.go" in capsys.readouterr().out
+    assert main(["export-go", ENTRY.id, "--out", "go2"]) == 0
+    assert seen["deployment"] is None and seen["interface"] == "blis"
+    capsys.readouterr()
+    assert main(["export-go", ENTRY.id, "--out", "go3", "--model", "no-such-model", "--tp", "1"]) == 2
+    assert "no-such-model" in one_error_line(capsys)
+    assert main(["export-go", ENTRY.id, "--out", "go3", "--tp", "1"]) == 2
+    assert "--model" in one_error_line(capsys)
+
+
+def test_missing_implementation_is_reported_not_faked(project: Path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "fitness.validate", None)  # import fails as if the module were absent
+    (project / "exps").mkdir()
+    rc = main(["validate", ENTRY.id, "--experiments", "exps"])
+    err = capsys.readouterr().err
+    assert rc in (1, 2) and err.startswith("error: ") and "fitness.validate" in err
+
+
+# -- UI ------------------------------------------------------------------------------
+def test_quiet_ui_prints_plain_lines():
+    buf = io.StringIO()
+    ui = RunUI(quiet=True, min_interval_s=3600, stream=buf)
+    ui.start(10, time_limit_s=120)
+    for g in range(1, 11):
+        ui.update(g, 0.5 / g, g, 250.0)
+    ui.log("checkpoint written")
+    ui.finish([ENTRY], {"status": "finished", "evaluations": 1000})
+    lines = buf.getvalue().splitlines()
+    assert lines[0].startswith("search: 10 generations")
+    gen_lines = [l for l in lines if l.startswith("gen ")]
+    assert [l.split()[1] for l in gen_lines] == ["1/10", "10/10"]  # rate-limited: first and last
+    assert "best 5.00%" in gen_lines[-1] and "250 evals/s" in gen_lines[-1] and "ETA" in gen_lines[-1]
+    assert "checkpoint written" in lines
+    assert any(ENTRY.id in l and l.startswith("*") for l in lines)
+    assert "status: finished" in lines
+
+
+def test_rich_ui_renders_progress_and_tables():
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=120)
+    ui = RunUI(console=console)
+    assert not ui.quiet
+    ui.start(5, None)
+    ui.update(2, 0.25, 4, 80.0)
+    assert 0 < ui.eta_s(2) < 60
+    ui.finish([ENTRY], {"status": "finished"})
+    text = buf.getvalue()
+    assert "Pareto front" in text and ENTRY.id in text and "Run summary" in text

@@ -1,0 +1,67 @@
+"""The vectorised interpreter agrees with sympy; protected operators never emit NaN/inf."""
+import numpy as np
+import pytest
+
+from evolve.expression import (
+    additive_terms,
+    canonical,
+    evaluate_expr,
+    evaluate_program,
+    parse_infix,
+    program_to_sympy,
+    simplify_expression,
+    to_infix,
+)
+
+V = lambda n: ("var", n)  # noqa: E731
+O = lambda n: ("op", n)  # noqa: E731
+C = lambda v: ("const", v)  # noqa: E731
+
+PROGRAMS = [
+    (O("add"), O("mul"), C(1.5), V("weight_time_us"), O("pdiv"), V("kv_tokens"), V("decode_tokens")),
+    (O("max"), V("matmul_time_us"), O("add"), V("weight_time_us"), V("kv_io_time_us")),
+    (O("sub"), O("psqrt"), V("kv_tokens"), O("plog"), O("min"), V("prefill_tokens"), C(0.333)),
+    (O("mul"), O("mul"), V("batch_size"), V("batch_size"), O("pdiv"), C(1.0), C(3.0)),
+]
+
+
+@pytest.fixture
+def columns():
+    rng = np.random.default_rng(0)
+    n = 500
+    cols = {
+        name: rng.uniform(0, 1e4, n)
+        for name in ["weight_time_us", "kv_tokens", "decode_tokens", "matmul_time_us", "kv_io_time_us", "prefill_tokens", "batch_size"]
+    }
+    cols["decode_tokens"][:50] = 0.0  # protected division by zero
+    return cols
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_interpreter_matches_sympy(program, columns):
+    fast = evaluate_program(program, columns)
+    expr = program_to_sympy(program)
+    ref = evaluate_expr(parse_infix(to_infix(expr)), columns)
+    assert np.allclose(fast, ref, rtol=1e-12, atol=1e-9)
+    assert np.isfinite(fast).all()
+    simple = simplify_expression(expr)
+    assert np.allclose(evaluate_expr(simple, columns), ref, rtol=1e-9, atol=1e-6)
+
+
+def test_pdiv_by_zero_is_zero(columns):
+    out = evaluate_program((O("pdiv"), V("kv_tokens"), V("decode_tokens")), columns)
+    assert (out[:50] == 0).all()
+
+
+def test_canonical_form_ignores_commutative_order_and_terms_split_at_root():
+    a = (O("add"), V("kv_tokens"), O("mul"), V("tp"), V("n_layers"))
+    b = (O("add"), O("mul"), V("n_layers"), V("tp"), V("kv_tokens"))
+    assert canonical(a) == canonical(b)
+    assert canonical((O("sub"), V("tp"), V("n_layers"))) != canonical((O("sub"), V("n_layers"), V("tp")))
+    assert additive_terms(a) == [(V("kv_tokens"),), (O("mul"), V("tp"), V("n_layers"))]
+
+
+def test_infix_round_trip_keeps_full_precision():
+    expr = program_to_sympy((O("mul"), C(0.1 + 0.2), V("tp")))
+    back = parse_infix(to_infix(expr))
+    assert float(back.subs({s: 1 for s in back.free_symbols})) == 0.1 + 0.2

@@ -1,0 +1,65 @@
+"""The step-trace loader: real shared traces and malformed input."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from fitness.dataset import build_step_table
+from primitives.deployment import default_resolver
+from primitives.errors import InputError
+from primitives.registry import AGGREGATE_FEATURES
+from primitives.traces import load_trace
+
+
+def test_real_traces_give_the_documented_cycle_time_pairs(shared_data):
+    data = load_trace(shared_data / "steps")
+    pairs = data.steps.groupby("experiment")["cycle_time_us"].count()
+    means = data.steps.groupby("experiment")["cycle_time_us"].mean()
+    assert pairs["20260217-202857-llama-2-70b-tp4-general"] == 593
+    assert pairs["20260218-150304-codellama-34b-tp2-general"] == 716
+    assert means["20260217-202857-llama-2-70b-tp4-general"] == pytest.approx(20059.5, rel=1e-4)
+    assert means["20260218-150304-codellama-34b-tp2-general"] == pytest.approx(15740.9, rel=1e-4)
+    # real traces carry aggregates only
+    assert data.available_features == AGGREGATE_FEATURES
+    row = data.steps.iloc[0]
+    assert row["kv_tokens"] == (31356 - 31030) * 16
+
+
+def test_step_table_split_is_temporal_per_experiment(shared_data):
+    table = build_step_table(load_trace(shared_data / "steps"), default_resolver())
+    assert "attention_work" not in table.primitive_names
+    for e in range(len(table.experiment_names)):
+        rows = table.experiment == e
+        assert abs((~table.is_train[rows]).mean() - 0.2) < 0.01
+    with pytest.raises(InputError, match="per-request detail"):
+        build_step_table(load_trace(shared_data / "steps"), default_resolver(), ["attention_work"])
+
+
+def _flat(n=6, **over):
+    df = pd.DataFrame(
+        {
+            "experiment_id": ["e"] * n,
+            "model": ["llama-2-7b"] * n,
+            "tp": [1] * n,
+            "step.id": np.arange(n),
+            "step.ts_start_ns": np.arange(n) * 8_000_000,
+            "step.duration_us": [300] * n,
+            "batch.prefill_tokens": [10] * n,
+            "batch.decode_tokens": [20] * n,
+            "batch.num_prefill_reqs": [1] * n,
+            "batch.num_decode_reqs": [20] * n,
+            "kv.blocks_total_gpu": [1000] * n,
+            "kv.blocks_free_gpu": [900] * n,
+        }
+    )
+    for k, v in over.items():
+        df[k] = v
+    return df
+
+
+def test_csv_traces_load_like_parquet(tmp_path):
+    df = _flat()
+    df.to_csv(tmp_path / "t.csv", index=False)
+    df.to_parquet(tmp_path / "t.parquet")
+    a, b = load_trace(tmp_path / "t.csv"), load_trace(tmp_path / "t.parquet")
+    assert np.allclose(a.steps["cycle_time_us"].dropna(), 8000.0)
+    pd.testing.assert_frame_equal(a.steps, b.steps)

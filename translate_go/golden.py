@@ -1,0 +1,156 @@
+"""Golden vectors: random batches, the Python reference step time, compact embedding.
+
+The reference is the project's own Python path, not a re-implementation:
+``primitives.compute.features_from_requests`` -> ``primitive_columns`` ->
+``evolve.expression.evaluate_expr``. The generated Go test must reproduce it.
+
+A batch is an ``int64`` array of shape (n_requests, 4) whose columns are the BLIS
+``Request`` fields in ``primitives.registry.REQUEST_FIELDS`` order: ProgressIndex,
+NumNewTokens, len(InputTokens), len(OutputTokens).
+"""
+from __future__ import annotations
+
+import base64
+import math
+import struct
+import zlib
+from typing import Sequence
+
+import numpy as np
+import sympy as sp
+
+from evolve.expression import evaluate_expr
+from primitives.compute import features_from_requests, primitive_columns
+from primitives.deployment import Deployment
+
+from .codegen import expression_primitives, required_features
+
+MAX_MODEL_LEN = 4096  # vLLM max_model_len of every experiment in the data
+MAX_PREFILL_CHUNK = 2048  # max_num_batched_tokens: no prefill chunk is longer
+MAX_BATCH = 128  # max_num_seqs
+INT64_MAX = 2**63 - 1
+
+
+def random_batches(
+    n_batches: int,
+    seed: int = 0,
+    max_batch: int = MAX_BATCH,
+    max_model_len: int = MAX_MODEL_LEN,
+    max_prefill_chunk: int = MAX_PREFILL_CHUNK,
+) -> list[np.ndarray]:
+    """N_BATCHES seeded batches of 1..MAX_BATCH requests, prefill and decode mixed.
+
+    Each batch draws its prefill share from {0, 1, uniform}, so all-decode and
+    all-prefill batches occur too. Prefill requests have progress < input_len and a
+    chunk of at most MAX_PREFILL_CHUNK new tokens; decode requests have one new token
+    and progress = input_len + output_len - 1. KV (progress + new) never exceeds
+    MAX_MODEL_LEN.
+    """
+    rng = np.random.default_rng(seed)
+    batches = []
+    for _ in range(int(n_batches)):
+        n = int(rng.integers(1, max_batch + 1))
+        share = (0.0, 1.0, float(rng.random()))[int(rng.integers(0, 3))]
+        prefill = rng.random(n) < share
+        input_len = rng.integers(1, max_model_len, n)  # 1 .. max_model_len - 1
+        # prefill: progress in [0, input_len), new in [1, min(remaining, chunk)]
+        progress_p = np.floor(rng.random(n) * input_len).astype(np.int64)
+        room = np.minimum(input_len - progress_p, max_prefill_chunk)
+        new_p = 1 + np.floor(rng.random(n) * room).astype(np.int64)
+        # decode: output_len in [1, max_model_len - input_len]
+        out_d = 1 + np.floor(rng.random(n) * (max_model_len - input_len)).astype(np.int64)
+        progress = np.where(prefill, progress_p, input_len + out_d - 1)
+        new_tokens = np.where(prefill, new_p, 1)
+        output_len = np.where(prefill, 0, out_d)
+        batches.append(np.stack([progress, new_tokens, input_len, output_len], axis=1).astype(np.int64))
+    return batches
+
+
+def as_batch(batch) -> np.ndarray:
+    """Validate one batch: non-negative integers, shape (n, 4)."""
+    arr = np.asarray(batch, dtype=np.float64).reshape(-1, 4) if len(batch) else np.zeros((0, 4))
+    if np.any(arr < 0) or np.any(arr != np.floor(arr)) or np.any(arr >= 2**31):
+        raise ValueError("request fields must be non-negative integers below 2^31")
+    return arr.astype(np.int64)
+
+
+def python_step_time_us(expr: sp.Expr, deployment: Deployment, batches: Sequence) -> np.ndarray:
+    """The step time (µs, unrounded) Python computes for each batch."""
+    batches = [as_batch(b) for b in batches]
+    n = len(batches)
+    prims = expression_primitives(expr)
+    sizes = np.array([len(b) for b in batches], dtype=np.int64)
+    rows = np.concatenate(batches) if n and sizes.sum() else np.zeros((0, 4), dtype=np.int64)
+    step_index = np.repeat(np.arange(n), sizes)
+    feats = features_from_requests(
+        step_index, rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], n, names=required_features(prims)
+    )
+    cols = primitive_columns(feats, dict(deployment.constants), prims) if prims else {}
+    # Constant-only primitives come back with one row; give every column n rows.
+    cols = {k: np.broadcast_to(np.asarray(v, dtype=np.float64), (n,)).copy() for k, v in cols.items()}
+    cols.setdefault("_rows", np.zeros(n))  # evaluate_expr reads n from the first column
+    return evaluate_expr(sp.sympify(expr), cols)
+
+
+def round_step_us(us: float) -> int:
+    """What the Go StepTime returns for US: math.Round (half away from zero), at least 1;
+    NaN gives 1 and values beyond int64 saturate."""
+    us = float(us)
+    if not us >= 1.0:
+        return 1
+    if us >= 2.0**63:
+        return INT64_MAX
+    whole = math.floor(us)
+    return int(whole + 1 if us - whole >= 0.5 else whole)
+
+
+def round_overhead_us(us: float) -> int:
+    """What the Go non-step methods return: math.Round, at least 0 (NaN gives 0)."""
+    us = float(us)
+    if not us >= 0.0:
+        return 0
+    if us >= 2.0**63:
+        return INT64_MAX
+    whole = math.floor(us)
+    return int(whole + 1 if us - whole >= 0.5 else whole)
+
+
+def encode_batches(batches: Sequence) -> bytes:
+    """uint32 little-endian stream: n_batches, then per batch n and n*4 fields row-major."""
+    parts = [struct.pack("<I", len(batches))]
+    for b in batches:
+        arr = as_batch(b)
+        parts.append(struct.pack("<I", len(arr)))
+        parts.append(arr.astype("<u4").tobytes())
+    return b"".join(parts)
+
+
+def encode_batches_text(batches: Sequence, width: int = 76) -> str:
+    """``encode_batches`` compressed (raw deflate, Go's compress/flate) and base64'd in lines."""
+    comp = zlib.compressobj(9, zlib.DEFLATED, -15)
+    data = comp.compress(encode_batches(batches)) + comp.flush()
+    text = base64.b64encode(data).decode()
+    return "\n".join(text[i : i + width] for i in range(0, len(text), width))
+
+
+def decode_batches(data: bytes) -> list[np.ndarray]:
+    """Inverse of ``encode_batches`` (for tests)."""
+    words = np.frombuffer(data, dtype="<u4").astype(np.int64)
+    n, i, out = int(words[0]), 1, []
+    for _ in range(n):
+        m = int(words[i])
+        out.append(words[i + 1 : i + 1 + 4 * m].reshape(m, 4))
+        i += 1 + 4 * m
+    return out
+
+
+__all__ = [
+    "as_batch",
+    "decode_batches",
+    "encode_batches",
+    "encode_batches_text",
+    "python_step_time_us",
+    "random_batches",
+    "round_overhead_us",
+    "round_step_us",
+]
