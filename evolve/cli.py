@@ -527,7 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", metavar="ID")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--package", default="latency", metavar="NAME", help="Go package name (default: latency)")
-    p.add_argument("--interface", choices=("seed", "blis"), default="blis")
+    p.add_argument("--interface", choices=("seed", "blis"), default="seed", help="seed: the five-method interface (default); blis: upstream BLIS's four methods")
     p.add_argument("--model", metavar="NAME", help="bake constants for this model (with --tp)")
     p.add_argument("--tp", type=_positive_int, metavar="N")
     p.add_argument("--gpu", metavar="NAME", help="GPU for --model (default: the datasheet's / H100)")

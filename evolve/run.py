@@ -100,18 +100,24 @@ def run_search(config: RunConfig, ui) -> list:
             ui.start(config.generations, config.time_limit_s)
             evals_at, time_at = search.state.evaluations, time.perf_counter()
             status = "finished"
-            while search.state.generation < config.generations:
-                if config.time_limit_s is not None and time.perf_counter() - t0 >= config.time_limit_s:
-                    status = "time-limit"
-                    break
-                search.step()
-                now = time.perf_counter()
-                rate = (search.state.evaluations - evals_at) / max(now - time_at, 1e-9)
-                front = search.front()
-                ui.update(search.state.generation, search.best_error(), len(front), rate)
-                if search.state.generation % max(config.checkpoint_every, 1) == 0:
-                    _record(store, search, meta)
-                    search.save_checkpoint(root)
+            try:
+                while search.state.generation < config.generations:
+                    if config.time_limit_s is not None and time.perf_counter() - t0 >= config.time_limit_s:
+                        status = "time-limit"
+                        break
+                    search.step()
+                    now = time.perf_counter()
+                    rate = (search.state.evaluations - evals_at) / max(now - time_at, 1e-9)
+                    ui.update(search.state.generation, search.best_error(), len(search.front()), rate)
+                    if search.state.generation % max(config.checkpoint_every, 1) == 0:
+                        _record(store, search, meta)
+                        search.save_checkpoint(root)
+            except KeyboardInterrupt:
+                # keep what the finished generations found; the checkpoint allows --resume
+                _record(store, search, meta)
+                search.save_checkpoint(root)
+                store.finish_run(run_id, {"generations": search.state.generation}, status="interrupted")
+                raise
             entries = _record(store, search, meta)
             search.save_checkpoint(root)
             summary = {

@@ -178,7 +178,7 @@ def test_export_go(project: Path, monkeypatch, capsys):
     assert seen["deployment"].tp == 4 and seen["out"] == Path("go/out")
     assert "step_time.go" in capsys.readouterr().out
     assert main(["export-go", ENTRY.id, "--out", "go2"]) == 0
-    assert seen["deployment"] is None and seen["interface"] == "blis"
+    assert seen["deployment"] is None and seen["interface"] == "seed"
     capsys.readouterr()
     assert main(["export-go", ENTRY.id, "--out", "go3", "--model", "no-such-model", "--tp", "1"]) == 2
     assert "no-such-model" in one_error_line(capsys)

@@ -31,6 +31,30 @@ MAX_BATCH = 128  # max_num_seqs
 INT64_MAX = 2**63 - 1
 
 
+# --- the seeded batch generator (mirrored in Go by GOLDEN_GENERATOR_GO) ------------
+# A counter-based SplitMix64: draw k of a seed is mix(seed + (k+1)*GAMMA). Integer-only,
+# so Python (vectorised with numpy uint64) and Go produce the very same batches and the
+# generated test embeds only the seed, the shape limits and per-batch checksums.
+_GAMMA = 0x9E3779B97F4A7C15
+_MASK64 = (1 << 64) - 1
+HEADER_DRAWS = 3  # batch size, prefill-share mode, prefill share
+DRAWS_PER_REQUEST = 4  # phase, input_len, progress/output_len, new_tokens
+
+
+def draws_per_batch(max_batch: int = MAX_BATCH) -> int:
+    return HEADER_DRAWS + DRAWS_PER_REQUEST * max_batch
+
+
+def splitmix_draws(seed: int, start: int, count: int) -> np.ndarray:
+    """Draws start .. start+count-1 of SEED (uint64)."""
+    with np.errstate(over="ignore"):
+        k = np.arange(start, start + count, dtype=np.uint64) + np.uint64(1)
+        z = np.uint64(int(seed) & _MASK64) + k * np.uint64(_GAMMA)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
 def random_batches(
     n_batches: int,
     seed: int = 0,
@@ -40,30 +64,41 @@ def random_batches(
 ) -> list[np.ndarray]:
     """N_BATCHES seeded batches of 1..MAX_BATCH requests, prefill and decode mixed.
 
-    Each batch draws its prefill share from {0, 1, uniform}, so all-decode and
-    all-prefill batches occur too. Prefill requests have progress < input_len and a
-    chunk of at most MAX_PREFILL_CHUNK new tokens; decode requests have one new token
-    and progress = input_len + output_len - 1. KV (progress + new) never exceeds
-    MAX_MODEL_LEN.
+    Each batch's prefill share (per mille) is 0, 1000 or uniform in 0..1000, so
+    all-decode and all-prefill batches occur too. Prefill requests have progress <
+    input_len and a chunk of at most MAX_PREFILL_CHUNK new tokens; decode requests have
+    one new token and progress = input_len + output_len - 1. input_len is 1 ..
+    MAX_MODEL_LEN-1 and KV (progress + new) never exceeds MAX_MODEL_LEN.
     """
-    rng = np.random.default_rng(seed)
+    if max_batch < 1 or max_model_len < 2 or max_prefill_chunk < 1:
+        raise ValueError("max_batch, max_prefill_chunk >= 1 and max_model_len >= 2 required")
+    per_batch = draws_per_batch(max_batch)
     batches = []
-    for _ in range(int(n_batches)):
-        n = int(rng.integers(1, max_batch + 1))
-        share = (0.0, 1.0, float(rng.random()))[int(rng.integers(0, 3))]
-        prefill = rng.random(n) < share
-        input_len = rng.integers(1, max_model_len, n)  # 1 .. max_model_len - 1
-        # prefill: progress in [0, input_len), new in [1, min(remaining, chunk)]
-        progress_p = np.floor(rng.random(n) * input_len).astype(np.int64)
+    for b in range(int(n_batches)):
+        z = splitmix_draws(seed, b * per_batch, per_batch)
+        n = 1 + int(z[0] % np.uint64(max_batch))
+        mode = int(z[1] % np.uint64(3))
+        share = 0 if mode == 0 else 1000 if mode == 1 else int(z[2] % np.uint64(1001))
+        r = z[HEADER_DRAWS : HEADER_DRAWS + DRAWS_PER_REQUEST * n].reshape(n, DRAWS_PER_REQUEST)
+        prefill = (r[:, 0] % np.uint64(1000)).astype(np.int64) < share
+        input_len = 1 + (r[:, 1] % np.uint64(max_model_len - 1)).astype(np.int64)
+        u_input = input_len.astype(np.uint64)
+        # prefill: progress in [0, input_len), new in [1, min(input_len - progress, chunk)]
+        progress_p = (r[:, 2] % u_input).astype(np.int64)
         room = np.minimum(input_len - progress_p, max_prefill_chunk)
-        new_p = 1 + np.floor(rng.random(n) * room).astype(np.int64)
+        new_p = 1 + (r[:, 3] % room.astype(np.uint64)).astype(np.int64)
         # decode: output_len in [1, max_model_len - input_len]
-        out_d = 1 + np.floor(rng.random(n) * (max_model_len - input_len)).astype(np.int64)
+        out_d = 1 + (r[:, 2] % (np.uint64(max_model_len) - u_input)).astype(np.int64)
         progress = np.where(prefill, progress_p, input_len + out_d - 1)
         new_tokens = np.where(prefill, new_p, 1)
         output_len = np.where(prefill, 0, out_d)
         batches.append(np.stack([progress, new_tokens, input_len, output_len], axis=1).astype(np.int64))
     return batches
+
+
+def batch_checksum(batch) -> int:
+    """Sum of every field of every request (the Go test checks its regenerated batches)."""
+    return int(np.asarray(batch, dtype=np.int64).sum())
 
 
 def as_batch(batch) -> np.ndarray:
@@ -146,6 +181,9 @@ def decode_batches(data: bytes) -> list[np.ndarray]:
 
 __all__ = [
     "as_batch",
+    "batch_checksum",
+    "draws_per_batch",
+    "splitmix_draws",
     "decode_batches",
     "encode_batches",
     "encode_batches_text",
