@@ -348,17 +348,88 @@ def cmd_archive_best(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sympy_form(entry: ArchiveEntry) -> str:
+def _sympy_form(entry: ArchiveEntry) -> tuple[Any, str]:
+    """The entry's simplified form as (sympy expression or None, text to show).
+
+    The archive stores it (``evolve.search.entry_from`` runs
+    ``evolve.expression.simplify_expression``: constants folded, sympy.simplify where
+    cheap); entries without one are simplified here the same way.
+    """
     try:
         parse_infix = _lazy("evolve.expression", "parse_infix")
+        simplify_expression = _lazy("evolve.expression", "simplify_expression")
     except _Unavailable as exc:
-        return f"(unavailable: {exc})"
+        return None, entry.simplified or f"(unavailable: {exc})"
+    try:
+        if entry.simplified:
+            return parse_infix(entry.simplified), entry.simplified
+        expr = simplify_expression(parse_infix(entry.expression))
+        to_infix = _lazy("evolve.expression", "to_infix")
+        return expr, to_infix(expr)
+    except _Unavailable:
+        raise
+    except Exception as exc:  # display only: a stored text sympy can not read back
+        return None, entry.simplified or f"(could not simplify: {type(exc).__name__}: {_one_line(exc)})"
+
+
+def _term_unit(term: Any) -> str:
+    """Unit of a term's coefficient when the term is a constant or one primitive (µs/<unit>)."""
     import sympy
 
+    from primitives.registry import PRIMITIVE_BY_NAME
+
+    if term == 1:
+        return "µs"
+    if isinstance(term, sympy.Symbol) and term.name in PRIMITIVE_BY_NAME:
+        unit = PRIMITIVE_BY_NAME[term.name].unit
+        if unit == "us":
+            return "× (µs/µs)"
+        if unit == "ratio":
+            return "µs"
+        return "µs/" + (unit[:-1] if unit.endswith("s") else unit)  # tokens -> µs/token
+    return ""
+
+
+def _terms_table(expr: Any):
+    """The simplified form term by term (coefficient, unit, term), if it is a sum of 3+."""
+    import sympy
+    from rich.table import Table
+
+    from evolve.ui import fmt_number
+
+    if not isinstance(expr, sympy.Add) or len(expr.args) < 3:
+        return None
+    table = Table(title="Simplified form, term by term (step time in µs)")
+    table.add_column("coefficient", justify="right", no_wrap=True)
+    table.add_column("unit", no_wrap=True)
+    table.add_column("term", overflow="fold")
+    for term in expr.as_ordered_terms():
+        coef, rest = term.as_coeff_Mul()
+        table.add_row(fmt_number(float(coef)), _term_unit(rest), "1" if rest == 1 else str(rest))
+    return table
+
+
+def _cse_table(expr: Any):
+    """sympy.cse of the simplified form, when it has common subexpressions (cse0, cse1, ...
+    as the Go export names them)."""
+    import sympy
+    from rich.table import Table
+
     try:
-        return str(sympy.simplify(parse_infix(entry.expression)))
-    except Exception as exc:  # display only: a stored expression sympy can not simplify
-        return f"(could not simplify: {type(exc).__name__}: {exc})"
+        taken = {s.name for s in expr.free_symbols}
+        names = (sympy.Symbol(f"cse{i}") for i in range(10**6) if f"cse{i}" not in taken)
+        replacements, reduced = sympy.cse(expr, symbols=names)
+    except Exception:  # display only
+        return None
+    if not replacements:
+        return None
+    table = Table(title="Common subexpressions (sympy.cse)", show_header=False)
+    table.add_column("name", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    for sym, sub in replacements:
+        table.add_row(f"{sym} =", str(sub))
+    table.add_row("step time (µs) =", str(reduced[0]))
+    return table
 
 
 def cmd_archive_show(args: argparse.Namespace) -> int:
@@ -367,6 +438,7 @@ def cmd_archive_show(args: argparse.Namespace) -> int:
     from evolve.ui import fmt_number, mapping_table
 
     entry = _get_entry(args.run_dir, args.id)
+    simplified, simplified_text = _sympy_form(entry)
     console = _console()
     head = Table(title=f"Entry {entry.id}", show_header=False)
     head.add_column("field", style="bold")
@@ -376,17 +448,21 @@ def cmd_archive_show(args: argparse.Namespace) -> int:
     head.add_row("on latest front", "yes" if entry.on_front else "no")
     head.add_row("complexity", str(entry.complexity))
     head.add_row("expression", entry.expression)
-    head.add_row("simplified (archived)", entry.simplified)
-    head.add_row("simplified (sympy)", _sympy_form(entry))
+    same = " ".join(simplified_text.split()) == " ".join(entry.expression.split())
+    head.add_row("simplified (sympy)", "(same as the expression)" if same else simplified_text)
     head.add_row("constants", ", ".join(fmt_number(c) for c in entry.constants) or "-")
     head.add_row("primitives", ", ".join(entry.primitives) or "-")
     head.add_row("dataset fingerprint", entry.dataset_fingerprint or "-")
     console.print(head)
+    if simplified is not None:
+        for table in (_terms_table(simplified), _cse_table(simplified)):
+            if table is not None:
+                console.print(table)
     objectives = Table(title="Objectives")
     objectives.add_column("objective")
     objectives.add_column("value", justify="right")
     for k, v in entry.objectives.items():
-        objectives.add_row(k, str(v) if k == "complexity" else _fmt_cell(k, v))
+        objectives.add_row(k, fmt_number(v) if k == "complexity" else _fmt_cell(k, v))
     console.print(objectives)
     if entry.overheads:
         console.print(mapping_table(entry.overheads, title="Overheads (µs)", key_label="term", value_label="µs"))
@@ -437,9 +513,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_export_go(args: argparse.Namespace) -> int:
     if (args.model is None) != (args.tp is None):
         raise InputError("--model/--tp", None, "give both --model NAME and --tp N, or neither")
-    entry = _get_entry(args.run_dir, args.id)
+    with _open_store(args.run_dir) as store:
+        entry = store.get(args.id)
+        run_dir = Path(store.path).parent
     resolver = _resolver(args)
-    deployment = resolver.resolve(args.model, args.tp, args.gpu) if args.model else None
+    if args.model:
+        deployment = resolver.resolve(args.model, args.tp, args.gpu)
+        print(f"deployment: {deployment.model.name} TP{deployment.tp} on {deployment.gpu.name} (--model/--tp)")
+    else:
+        # No deployment named: bake in the first one the entry's run trained on.
+        run_deployments = _lazy("translate_go.export", "run_deployments")
+        known = run_deployments(entry, run_dir)
+        first = known[0]
+        deployment = resolver.resolve(first.model, first.tp, args.gpu or first.gpu)
+        others = sorted({f"{d.model} --tp {d.tp}" for d in known} - {f"{first.model} --tp {first.tp}"})
+        print(
+            f"deployment: {deployment.model.name} TP{deployment.tp} on {deployment.gpu.name} "
+            f"(the run's first deployment, experiment {first.experiment}; "
+            + (f"others: --model {', --model '.join(others)})" if others else "the run's only one)")
+        )
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise InputError(out, "--out", "exists and is not a directory")

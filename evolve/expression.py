@@ -101,8 +101,13 @@ OPERATORS: dict[str, Operator] = {
     )
 }
 
-# numpy names for lambdify of archived sympy expressions
+def scalar_pdiv(x: float, y: float) -> float:
+    return x / y if abs(y) > PDIV_EPS else 0.0
+
+
+# numpy names for lambdify of archived sympy expressions (arrays), and scalar ones
 LAMBDIFY_MODULES = [{"pdiv": np_pdiv, "Max": np.maximum, "Min": np.minimum}, "numpy"]
+SCALAR_MODULES = [{"pdiv": scalar_pdiv, "Max": max, "Min": min}, "math"]
 
 
 # --- programs -----------------------------------------------------------------

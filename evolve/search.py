@@ -104,6 +104,8 @@ class SearchState:
     python_random_state: object = None
     evaluations: int = 0
     elapsed_s: float = 0.0
+    # (expression, overheads) of the model whose closed-loop trajectories the replay uses
+    replay_model: tuple[str, dict] | None = None
 
 
 _WORKER_CONTEXTS: dict[str, FitnessContext] = {}
@@ -171,6 +173,15 @@ class Evaluator:
             self._tmp.cleanup()
         return False
 
+    def reset(self, ctx: FitnessContext) -> None:
+        """Score against a new context (refreshed trajectories): new pool, empty memo."""
+        self.__exit__(None, None, None)
+        self.ctx = ctx
+        self.memo.clear()
+        self._parallel = None
+        self._client = None
+        self.__enter__()
+
     def score(self, programs: list[Program]) -> list[Score]:
         keys = [canonical(p) for p in programs]
         todo: dict[str, Program] = {}
@@ -188,7 +199,10 @@ class Evaluator:
                 n_chunks = min(len(progs), self.jobs * 4)
                 chunks = [progs[i::n_chunks] for i in range(n_chunks)]
                 if self._client is not None:
-                    results = self._parallel(delayed(score_many)(c, self.ctx) for c in chunks)
+                    from .cluster import preserve_random_state  # dask consumes global random
+
+                    with preserve_random_state():
+                        results = self._parallel(delayed(score_many)(c, self.ctx) for c in chunks)
                 else:
                     results = self._parallel(delayed(score_chunk_from_file)(self._ctx_path, c) for c in chunks)
                 scores = [None] * len(progs)
@@ -289,14 +303,18 @@ class Search:
         scores = self.evaluator.score(programs)
         self.state.evaluations += len(programs)
         for p, s in zip(programs, scores):
-            if not s.ok:
-                continue
-            key = canonical(p)
-            self.state.first_seen.setdefault(key, generation)
-            best = self.state.hall.get(s.complexity)
-            if best is None or search_error(s) < search_error(self.evaluator.memo[canonical(best[0])]):
-                self.state.hall[s.complexity] = (p, self.state.first_seen[key])
+            self._offer(p, s, generation)
         return scores
+
+    def _offer(self, program: Program, score: Score, generation: int) -> None:
+        """Keep the candidate if it is the best seen at its complexity."""
+        if not score.ok:
+            return
+        key = canonical(program)
+        self.state.first_seen.setdefault(key, generation)
+        best = self.state.hall.get(score.complexity)
+        if best is None or search_error(score) < search_error(self.evaluator.memo[canonical(best[0])]):
+            self.state.hall[score.complexity] = (program, self.state.first_seen[key])
 
     def _select(self, programs: list[Program], k: int) -> list[Program]:
         uniq: dict[str, Program] = {}
@@ -340,6 +358,19 @@ class Search:
         self.state.population = self._select(self.state.population + programs, n)
         self.state.generation = gen
         self.state.python_random_state = random.getstate()
+
+    def replace_context(self, ctx: FitnessContext) -> None:
+        """Continue under refreshed replay rows: rescore the population and the hall."""
+        self.ctx = ctx
+        self.evaluator.reset(ctx)
+        programs = [p for p, _ in self.state.hall.values()] + list(self.state.population)
+        self.state.hall = {}
+        for p, s in zip(programs, self.evaluator.score(programs)):
+            self._offer(p, s, self.state.generation)
+
+    def best_item(self) -> tuple[Program, Score]:
+        """The candidate with the lowest combined error (drives trajectory refreshes)."""
+        return min(self.hall_items(), key=lambda it: (search_error(it[1]), it[1].complexity))
 
     # -- results ---------------------------------------------------------------
     def hall_items(self) -> list[tuple[Program, Score]]:

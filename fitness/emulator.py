@@ -44,7 +44,27 @@ search runs without the withheld real traces. This module makes it:
 The workloads mirror the real experiments' inputs (``results/config.yaml`` of each
 run, hard-coded below: shared-prefix shape and load stages), but **every stage's
 duration is scaled by** ``DURATION_SCALE`` (0.5) to keep the shipped data small; rates
-and prompt shapes are unchanged.
+and prompt shapes are unchanged. (So the reasoning runs build a shorter backlog than the
+real ones: at seed 0 only Llama-2-7B, bound by its KV cache, loses requests to the
+300 s client timeout and preempts; the other three run saturated without collapsing.)
+
+How the flat columns are derived from the simulation (``generate_experiment``):
+
+* ``step.ts_start_ns``: the simulated step start (a fixed origin + µs * 1000), so the
+  difference of two consecutive step ids is that step's cycle (plus engine idle time in
+  the rare case the next step waited for arrivals; ``idle_pairs`` in the metadata);
+* ``step.duration_us`` (= ts_end - ts_start): a scheduler-CPU-time distractor shaped
+  like the real one (sub-ms, with multi-ms pauses above ~60 running); never the cycle;
+* ``batch.*``: from the per-request rows with the project's phase rule (prefill while
+  ``progress < input_len``; a preempted request's recompute of its output therefore counts
+  as decode tokens); ``queue.running_depth`` = requests in the batch;
+* ``queue.waiting_depth``: enqueued, not yet (re)admitted, not yet aborted;
+* ``kv.blocks_free_gpu``: capacity (``Deployment.kv_capacity_tokens(0.9)``) minus the
+  distinct blocks the batch holds after the step (``ceil(context/16)`` per request,
+  prompt blocks shared through the prefix cache counted once per group/user).
+
+With these constants the GPU side binds for all four deployments; the CPU path only
+matters for much smaller models or far larger batches.
 
 Regenerate with ``python -m fitness.emulator --out fitness/default_data --seed 0``
 (deterministic: the same seed gives identical rows).
@@ -56,7 +76,7 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -292,5 +312,494 @@ class HiddenPhysics:
         return float(self.cycle_time_us_csr(np.array([0, n]), progress, new_tokens, input_len, output_len)[0])
 
 
-def noise_factors(seed_seq: np.random.SeedSequence, n: int, sigma: float) -> np.ndarray:
-    return np.exp(sigma * np.random.default_rng(seed_seq).standard_normal(n))
+def expected_noise_floor_mape(sigma: float) -> float:
+    """MAPE of the noiseless physics against cycles with lognormal noise of SIGMA.
+
+    ``E|1 - exp(-sigma Z)| = exp(sigma^2 / 2) (2 Phi(sigma) - 1)`` (about 0.8 sigma); idle
+    gaps and other non-step time in the targets only add to it.
+    """
+    from math import erf, exp, sqrt
+
+    return exp(sigma * sigma / 2.0) * erf(sigma / sqrt(2.0))
+
+
+# ---------------------------------------------------------------------------
+# The emulated server: the hidden physics as a LatencyModel of fitness.simulator
+
+
+@dataclass(frozen=True)
+class ServerOverheads:
+    """The emulated server's non-step latencies (µs), as ``fitness.simulator`` reads them."""
+
+    queueing_base_us: float = 2500.0  # HTTP + tokenisation, arrival -> scheduler queue
+    queueing_per_input_token_us: float = 1.0
+    output_token_processing_us: float = 300.0  # detokenise + SSE, engine -> client
+    scheduling_processing_us: float = 0.0  # already inside the cycle (CPU path and gap)
+    preemption_processing_us: float = 150.0  # freeing blocks, requeueing, per preemption
+
+
+class EmulatedVLLM:
+    """Duck-typed ``fitness.simulator.LatencyModel``: hidden physics plus seeded noise.
+
+    ``step_time_us`` draws one lognormal factor per call from its own generator, so a
+    run is deterministic for a seed (the simulator calls it once per step, in order).
+    """
+
+    def __init__(self, deployment: Deployment, physics: EmulatorPhysics | None = None,
+                 overheads: ServerOverheads | None = None, seed: int | np.random.SeedSequence = 0):
+        self.hidden = HiddenPhysics(deployment, physics)
+        self.physics = self.hidden.physics
+        o = overheads or ServerOverheads()
+        self.overheads = o
+        self.queueing_base_us = o.queueing_base_us
+        self.queueing_per_input_token_us = o.queueing_per_input_token_us
+        self.output_token_processing_us = o.output_token_processing_us
+        self.scheduling_processing_us = o.scheduling_processing_us
+        self.preemption_processing_us = o.preemption_processing_us
+        self._rng = np.random.default_rng(seed)
+        self._indptr = np.zeros(2, dtype=np.int64)
+
+    @property
+    def noise_sigma(self) -> float:
+        """Lognormal sigma of the cycle noise (the noise floor is about 0.8 sigma MAPE)."""
+        return self.physics.noise_sigma
+
+    def noiseless_step_time_us(self, progress, new_tokens, input_len, output_len) -> float:
+        self._indptr[1] = len(new_tokens)
+        return float(self.hidden.cycle_time_us_csr(self._indptr, progress, new_tokens, input_len, output_len)[0])
+
+    def step_time_us(self, progress, new_tokens, input_len, output_len) -> float:
+        base = self.noiseless_step_time_us(progress, new_tokens, input_len, output_len)
+        sigma = self.physics.noise_sigma
+        return base * float(np.exp(sigma * self._rng.standard_normal())) if sigma > 0 else base
+
+    def queueing_time_us(self, input_len) -> np.ndarray:
+        return self.queueing_base_us + self.queueing_per_input_token_us * np.asarray(input_len, dtype=np.float64)
+
+
+# ---------------------------------------------------------------------------
+# Scheduler CPU time (step.duration_us): a distractor with the real traces' shape
+
+
+def scheduler_cpu_us(running: np.ndarray, scheduled_tokens: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The tracer's ``step.duration_us``: the scheduler's own Python time, not the step.
+
+    Tens to hundreds of µs growing with the running requests, plus (as in the real
+    traces, where the median jumps from ~0.3 ms to ~5 ms above ~60 running requests)
+    occasional millisecond-long pauses whose odds grow with the live request objects.
+    """
+    running = np.asarray(running, dtype=np.float64)
+    base = (40.0 + 6.5 * running + 0.03 * np.asarray(scheduled_tokens, dtype=np.float64))
+    base = base * np.exp(0.35 * rng.standard_normal(len(running)))
+    p_pause = 0.8 / (1.0 + np.exp(-(running - 60.0) / 8.0))
+    pause = (rng.random(len(running)) < p_pause) * rng.exponential(5000.0, len(running))
+    return np.maximum(np.rint(base + pause), 1.0)
+
+
+# ---------------------------------------------------------------------------
+# One experiment: simulate, sample 10 % of steps, build the flat rows
+
+
+STEP_COLUMNS = (
+    "experiment_id", "model", "workload", "tp", "step.id", "step.ts_start_ns", "step.ts_end_ns",
+    "step.duration_us", "queue.running_depth", "queue.waiting_depth", "batch.num_prefill_reqs",
+    "batch.num_decode_reqs", "batch.scheduled_tokens", "batch.prefill_tokens", "batch.decode_tokens",
+    "batch.num_finished", "batch.num_preempted", "kv.usage_gpu_ratio", "kv.blocks_total_gpu",
+    "kv.blocks_free_gpu",
+)
+REQUEST_COLUMNS = ("experiment_id", "step.id", "progress", "new_tokens", "input_len", "output_len")
+TS_ORIGIN_NS = 10_000_000_000_000  # a monotonic-clock origin, like the real traces'
+
+
+def experiment_spec(model: ServedModel, workload: Workload, duration_scale: float = DURATION_SCALE):
+    from .experiments import ExperimentSpec
+
+    return ExperimentSpec(
+        name=experiment_id(model, workload),
+        model=model.hf_name,
+        tp=model.tp,
+        stages=workload.scaled_stages(duration_scale),
+        num_groups=workload.num_groups,
+        num_prompts_per_group=workload.num_prompts_per_group,
+        system_prompt_len=workload.system_prompt_len,
+        question_len=workload.question_len,
+        output_len=workload.output_len,
+        max_model_len=MAX_MODEL_LEN,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        max_num_seqs=MAX_NUM_SEQS,
+        gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
+        request_timeout_s=CLIENT_TIMEOUT_S,
+    )
+
+
+def _experiment_seeds(seed: int, index: int) -> dict[str, np.random.SeedSequence | int]:
+    """Independent streams per experiment: load plan, cycle noise, step sample, CPU times."""
+    seq = np.random.SeedSequence([int(seed), int(index)])
+    load_seq, noise_seq, sample_seq, cpu_seq = seq.spawn(4)
+    return {
+        "load": int(load_seq.generate_state(1, dtype=np.uint32)[0]),
+        "noise": noise_seq,
+        "sample": sample_seq,
+        "cpu": cpu_seq,
+    }
+
+
+def _waiting_depth(traj, status: np.ndarray, kept_steps: np.ndarray) -> np.ndarray:
+    """Requests queued at the scheduler after each kept step was scheduled.
+
+    A request waits from its enqueue until its first admission (or its client-side abort),
+    and again between a preemption and its re-admission.
+    """
+    from .simulator import ABORTED, REJECTED
+
+    start = traj.step_start_us
+    n_steps = len(start)
+    enq = traj.send_us + traj.queueing_us
+    # first wait: [first step starting at/after enqueue, admission step)
+    ok = np.isfinite(enq) & (status != REJECTED)
+    first = np.searchsorted(start, enq[ok], side="left")
+    end = traj.admit_step[ok].copy()
+    never = end < 0
+    deadline = np.searchsorted(start, traj.send_us[ok] + CLIENT_TIMEOUT_S * 1e6, side="left")
+    end[never] = np.where(status[ok][never] == ABORTED, deadline[never], n_steps)
+    diff = np.zeros(n_steps + 1, dtype=np.int64)
+    np.add.at(diff, np.minimum(first, n_steps), 1)
+    np.add.at(diff, np.minimum(np.maximum(end, first), n_steps), -1)
+    # re-waits after preemption: a request's progress falls between two of its rows
+    if traj.step_preemptions.sum() > 0:
+        req = traj.batch_request
+        step = traj.batch_step
+        order = np.lexsort((step, req))
+        r, s = req[order], step[order]
+        p, n = traj.batch_progress[order], traj.batch_new_tokens[order]
+        same = r[1:] == r[:-1]
+        fell = same & (p[1:] < p[:-1] + n[:-1])
+        np.add.at(diff, s[:-1][fell] + 1, 1)
+        np.add.at(diff, s[1:][fell], -1)
+    depth = np.cumsum(diff)[:n_steps]
+    return depth[kept_steps]
+
+
+def _kv_blocks_used(traj, load, kept_steps: np.ndarray) -> np.ndarray:
+    """Distinct KV blocks held by the batch of each kept step, once it has run.
+
+    Every request holds ``ceil(context / 16)`` blocks; the full blocks of its prompt are
+    shared through the prefix cache: the group's system-prompt blocks with every request
+    of the group, the rest of the prompt with the requests of the same user.
+    """
+    off = traj.step_offsets
+    lo, hi = off[kept_steps], off[kept_steps + 1]
+    counts = hi - lo
+    rows = np.repeat(lo - np.cumsum(np.r_[0, counts[:-1]]), counts) + np.arange(counts.sum())
+    step_of_row = np.repeat(np.arange(len(kept_steps)), counts)
+    req = traj.batch_request[rows].astype(np.int64)
+    ctx = traj.batch_progress[rows].astype(np.int64) + traj.batch_new_tokens[rows]
+    user = load.request_user[req]
+    group = load.shapes.user_group[user]
+    sys_blocks = load.shapes.group_system_len[group] // KV_BLOCK_TOKENS
+    prompt_blocks = load.shapes.user_prompt_len[user] // KV_BLOCK_TOKENS
+    full = ctx // KV_BLOCK_TOKENS
+    g_blocks = np.minimum(full, sys_blocks)
+    u_blocks = np.maximum(np.minimum(full, prompt_blocks) - sys_blocks, 0)
+    private = -(-ctx // KV_BLOCK_TOKENS) - g_blocks - u_blocks
+    used = np.bincount(step_of_row, weights=private, minlength=len(kept_steps))
+    for key, blocks in ((group, g_blocks), (user, u_blocks)):
+        # shared blocks count once per (step, key): the longest chain among its requests
+        k = step_of_row * (int(key.max()) + 1) + key
+        order = np.lexsort((-blocks, k))
+        first = np.r_[True, k[order][1:] != k[order][:-1]]
+        sel = order[first]
+        used += np.bincount(step_of_row[sel], weights=blocks[sel], minlength=len(kept_steps))
+    return used.astype(np.int64)
+
+
+@dataclass
+class ExperimentData:
+    """One experiment's sampled rows (pandas DataFrames) and its calibration summary."""
+
+    steps: object  # STEP_COLUMNS, one row per sampled step
+    requests: object  # REQUEST_COLUMNS, one row per request of a sampled step
+    summary: dict
+
+
+def generate_experiment(model: ServedModel, workload: Workload, seed: int = DEFAULT_SEED, index: int = 0,
+                        physics: EmulatorPhysics | None = None, duration_scale: float = DURATION_SCALE,
+                        sample_fraction: float = DEFAULT_SAMPLE_FRACTION) -> ExperimentData:
+    """Simulate one experiment and return its sampled flat rows and per-request detail."""
+    import pandas as pd
+
+    from .loadgen import build_load
+    from .simulator import simulate
+
+    physics = physics or EmulatorPhysics()
+    resolver = DeploymentResolver()
+    dep = resolver.resolve(model.trace_name, model.tp)
+    spec = experiment_spec(model, workload, duration_scale)
+    seeds = _experiment_seeds(seed, index)
+    server = EmulatedVLLM(dep, physics, seed=seeds["noise"])
+    load = build_load(spec, seeds["load"])
+    t0 = time.perf_counter()
+    result = simulate(spec, dep, server, seed=seeds["load"], record=True, load=load)
+    sim_s = time.perf_counter() - t0
+    traj = result.trajectory
+    n_steps = traj.n_steps
+    exp_id = experiment_id(model, workload)
+
+    # Bernoulli sample of steps, as the real tracer's ~10 %
+    keep = np.random.default_rng(seeds["sample"]).random(n_steps) < sample_fraction
+    kept = np.flatnonzero(keep)
+    off = traj.step_offsets
+    counts = (off[kept + 1] - off[kept]).astype(np.int64)
+    rows = np.repeat(off[kept] - np.cumsum(np.r_[0, counts[:-1]]), counts) + np.arange(counts.sum())
+    step_of_row = np.repeat(np.arange(len(kept)), counts)
+    prog = traj.batch_progress[rows]
+    new = traj.batch_new_tokens[rows]
+    inl = traj.batch_input_len[rows]
+    outl = traj.batch_output_len[rows]
+    is_prefill = prog < inl  # the project's phase rule (primitives.registry.IS_PREFILL)
+    nk = len(kept)
+    prefill_tokens = np.bincount(step_of_row, weights=new * is_prefill, minlength=nk).astype(np.int64)
+    decode_tokens = np.bincount(step_of_row, weights=new * ~is_prefill, minlength=nk).astype(np.int64)
+    n_prefill = np.bincount(step_of_row, weights=is_prefill, minlength=nk).astype(np.int64)
+    n_decode = counts - n_prefill
+
+    status = result.requests.status
+    finished_at = np.bincount(traj.last_step[traj.last_step >= 0], minlength=n_steps)
+    waiting = _waiting_depth(traj, status, kept)
+    blocks_total = result.kv_capacity_blocks
+    used = np.minimum(_kv_blocks_used(traj, load, kept), blocks_total)
+    free = blocks_total - used
+
+    ts_start_ns = TS_ORIGIN_NS + np.rint(traj.step_start_us * 1000.0).astype(np.int64)
+    cycle_us = traj.step_cycle_us[kept]
+    cpu_us = scheduler_cpu_us(counts, prefill_tokens + decode_tokens, np.random.default_rng(seeds["cpu"]))
+    cpu_us = np.minimum(cpu_us, np.floor(0.9 * cycle_us)).astype(np.int64)  # ends inside its own cycle
+
+    steps = pd.DataFrame({
+        "experiment_id": exp_id,
+        "model": model.trace_name,
+        "workload": workload.name,
+        "tp": np.full(nk, model.tp, dtype=np.int64),
+        "step.id": kept.astype(np.int64),
+        "step.ts_start_ns": ts_start_ns[kept],
+        "step.ts_end_ns": ts_start_ns[kept] + cpu_us * 1000,
+        "step.duration_us": cpu_us,
+        "queue.running_depth": counts,
+        "queue.waiting_depth": waiting.astype(np.int64),
+        "batch.num_prefill_reqs": n_prefill,
+        "batch.num_decode_reqs": n_decode,
+        "batch.scheduled_tokens": prefill_tokens + decode_tokens,
+        "batch.prefill_tokens": prefill_tokens,
+        "batch.decode_tokens": decode_tokens,
+        "batch.num_finished": finished_at[kept].astype(np.int64),
+        "batch.num_preempted": traj.step_preemptions[kept].astype(np.int64),
+        "kv.usage_gpu_ratio": used / blocks_total,
+        "kv.blocks_total_gpu": np.full(nk, blocks_total, dtype=np.int64),
+        "kv.blocks_free_gpu": free.astype(np.int64),
+    }, columns=list(STEP_COLUMNS))
+    requests = pd.DataFrame({
+        "experiment_id": exp_id,
+        "step.id": kept[step_of_row].astype(np.int32),
+        "progress": prog.astype(np.int32),
+        "new_tokens": new.astype(np.int32),
+        "input_len": inl.astype(np.int32),
+        "output_len": outl.astype(np.int32),
+    }, columns=list(REQUEST_COLUMNS))
+
+    # calibration figures and the oracle's error on this experiment's targets
+    pair = np.flatnonzero(np.diff(kept) == 1)
+    target_us = np.diff(ts_start_ns[kept])[pair] / 1000.0
+    noiseless = server.hidden.cycle_time_us_csr(np.r_[0, np.cumsum(counts)], prog, new, inl, outl)
+    oracle_us = (noiseless + server.scheduling_processing_us
+                 + server.preemption_processing_us * traj.step_preemptions[kept])[pair]
+    ape = np.abs(oracle_us - target_us) / target_us
+    m = result.metrics.summary
+    summary = {
+        "experiment_id": exp_id,
+        "model": model.trace_name,
+        "tp": model.tp,
+        "workload": workload.name,
+        "stages": [list(s) for s in spec.stages],
+        "simulated_steps": int(n_steps),
+        "sampled_steps": int(nk),
+        "request_rows": int(len(requests)),
+        "cycle_pairs": int(len(pair)),
+        # pairs whose target also holds engine idle time (the next step waited for arrivals)
+        "idle_pairs": int((~traj.next_contiguous[kept[pair]]).sum()),
+        "mean_cycle_us": float(target_us.mean()) if len(pair) else None,
+        "mean_cycle_all_steps_us": float(traj.step_cycle_us.mean()),
+        "mean_decode_tokens": float(decode_tokens.mean()) if nk else None,
+        "mean_decode_tokens_pairs": float(decode_tokens[pair].mean()) if len(pair) else None,
+        "oracle_mape": float(ape.mean()) if len(pair) else None,
+        "oracle_ape_sum": float(ape.sum()),
+        "requests": int(result.requests.n),
+        "successes": int(m.successes),
+        "failures": int(m.failures),
+        "preemptions": int(result.total_preemptions),
+        "e2e_mean_s": m.e2e_mean_s,
+        "ttft_mean_s": m.ttft_mean_s,
+        "tpot_mean_s": m.tpot_mean_s,
+        "simulate_s": round(sim_s, 2),
+    }
+    return ExperimentData(steps=steps, requests=requests, summary=summary)
+
+
+# ---------------------------------------------------------------------------
+# The whole dataset
+
+
+def _write_parquet(df, path: Path, delta_columns: tuple[str, ...] = ()) -> None:
+    """zstd Parquet, one row group, no pandas index; integer detail columns delta-encoded."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    encodings = {c: "DELTA_BINARY_PACKED" for c in delta_columns}
+    pq.write_table(
+        table, path, compression="zstd", compression_level=19, row_group_size=max(len(df), 1),
+        use_dictionary=[c for c in df.columns if c not in encodings], column_encoding=encodings or None,
+        write_statistics=False,
+    )
+
+
+def simulator_fingerprint() -> str:
+    """Digest of the serving code the data depends on (regenerate when it changes)."""
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for name in ("simulator.py", "loadgen.py", "emulator.py"):
+        h.update((here / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _frame_digest(df) -> str:
+    import pandas as pd
+
+    return hashlib.sha256(pd.util.hash_pandas_object(df, index=False).values.tobytes()).hexdigest()[:16]
+
+
+def generate(out_dir: Path | str = DEFAULT_DATA_DIR, seed: int = DEFAULT_SEED, jobs: int = 2,
+             physics: EmulatorPhysics | None = None, duration_scale: float = DURATION_SCALE,
+             sample_fraction: float = DEFAULT_SAMPLE_FRACTION, experiments: list[str] | None = None,
+             verbose: bool = True) -> dict:
+    """Simulate every experiment and write the three files to OUT_DIR; returns the metadata."""
+    import pandas as pd
+    from joblib import Parallel, delayed
+
+    physics = physics or EmulatorPhysics()
+    todo = [(i, m, w) for i, (m, w) in enumerate(all_experiments())
+            if experiments is None or experiment_id(m, w) in experiments or w.name in experiments
+            or m.trace_name in experiments]
+    if not todo:
+        raise InputError("--experiments", "experiments", "no experiment matches; expected ids such as "
+                         f"{experiment_id(SERVED_MODELS[0], WORKLOADS['general'])}, model names or workloads")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    # biggest first so two workers finish together
+    order = sorted(todo, key=lambda t: -sum(r * d * t[2].output_len for r, d in t[2].stages))
+    parts = Parallel(n_jobs=jobs, backend="loky")(
+        delayed(generate_experiment)(m, w, seed, i, physics, duration_scale, sample_fraction) for i, m, w in order
+    )
+    parts = sorted(parts, key=lambda p: p.summary["experiment_id"])
+    steps = pd.concat([p.steps for p in parts], ignore_index=True)
+    requests = pd.concat([p.requests for p in parts], ignore_index=True)
+    _write_parquet(steps, out_dir / STEP_TRACES_FILE, ("step.id", "step.ts_start_ns", "step.ts_end_ns"))
+    _write_parquet(requests, out_dir / STEP_REQUESTS_FILE, ("step.id", "progress", "new_tokens", "input_len", "output_len"))
+    elapsed = time.perf_counter() - t0
+
+    pairs = sum(p.summary["cycle_pairs"] for p in parts)
+    ape_sum = sum(p.summary.pop("oracle_ape_sum") for p in parts)
+    sim_seconds = {p.summary["experiment_id"]: p.summary.pop("simulate_s") for p in parts}  # not stored: varies
+    metadata = {
+        "generator": "fitness.emulator",
+        "generator_version": GENERATOR_VERSION,
+        "seed": int(seed),
+        "sources_sha256": simulator_fingerprint(),  # fitness/simulator.py, loadgen.py, emulator.py
+        "command": f"python -m fitness.emulator --out <dir> --seed {seed}",
+        "noise_sigma": physics.noise_sigma,
+        "noise_floor_mape": ape_sum / pairs if pairs else None,
+        "noise_floor_mape_expected": expected_noise_floor_mape(physics.noise_sigma),
+        "noise_floor_note": (
+            "step MAPE of an oracle that knows the noiseless hidden physics, over every "
+            "cycle-time target (consecutive sampled step ids) of the shipped data; no step-time "
+            "model can expect to beat it"
+        ),
+        "sample_fraction": sample_fraction,
+        "duration_scale": duration_scale,
+        "gpu": "H100 SXM",
+        "physics": asdict(physics),
+        "server_overheads": asdict(ServerOverheads()),
+        "files": {
+            STEP_TRACES_FILE: {"rows": int(len(steps)), "sha256_rows": _frame_digest(steps),
+                               "bytes": (out_dir / STEP_TRACES_FILE).stat().st_size},
+            STEP_REQUESTS_FILE: {"rows": int(len(requests)), "sha256_rows": _frame_digest(requests),
+                                 "bytes": (out_dir / STEP_REQUESTS_FILE).stat().st_size},
+        },
+        "cycle_pairs": int(pairs),
+        "experiments": [p.summary for p in parts],
+    }
+    (out_dir / METADATA_FILE).write_text(json.dumps(metadata, indent=1, sort_keys=False) + "\n")
+    if verbose:
+        _print_report(metadata, elapsed, sim_seconds)
+    metadata["_elapsed_s"] = elapsed
+    return metadata
+
+
+def _print_report(meta: dict, elapsed: float, sim_seconds: dict[str, float]) -> None:
+    print(f"{'experiment':44s} {'steps':>7s} {'rows':>6s} {'pairs':>5s} {'cycle ms':>8s} {'decode':>6s} "
+          f"{'oracle':>6s} {'ok/fail':>11s} {'preempt':>7s} {'sim s':>6s}")
+    for e in meta["experiments"]:
+        cyc = e["mean_cycle_us"] / 1e3 if e["mean_cycle_us"] else float("nan")
+        print(f"{e['experiment_id']:44s} {e['simulated_steps']:7d} {e['sampled_steps']:6d} {e['cycle_pairs']:5d} "
+              f"{cyc:8.2f} {e['mean_decode_tokens'] or 0:6.1f} {100 * (e['oracle_mape'] or 0):5.2f}% "
+              f"{e['successes']:5d}/{e['failures']:<5d} {e['preemptions']:7d} {sim_seconds[e['experiment_id']]:6.1f}")
+    f = meta["files"]
+    print(f"rows: {f[STEP_TRACES_FILE]['rows']} steps ({f[STEP_TRACES_FILE]['bytes'] / 1e6:.2f} MB), "
+          f"{f[STEP_REQUESTS_FILE]['rows']} request rows ({f[STEP_REQUESTS_FILE]['bytes'] / 1e6:.2f} MB); "
+          f"{meta['cycle_pairs']} cycle pairs; noise floor MAPE {100 * meta['noise_floor_mape']:.2f}% "
+          f"(sigma {meta['noise_sigma']}); {elapsed:.0f} s")
+
+
+def load_metadata(data_dir: Path | str = DEFAULT_DATA_DIR) -> dict:
+    """The metadata of a generated dataset (``metadata.json``)."""
+    path = Path(data_dir) / METADATA_FILE
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(path, None, "no metadata.json here; regenerate with python -m fitness.emulator") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(path, None, f"not valid JSON (line {exc.lineno}: {exc.msg})") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fitness.emulator",
+        description="Regenerate the embedded synthetic step-trace dataset (deterministic for a seed).",
+    )
+    parser.add_argument("--out", default=str(DEFAULT_DATA_DIR), help="output directory (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="master seed (default: %(default)s)")
+    parser.add_argument("--jobs", type=int, default=2, help="parallel experiments (default: %(default)s)")
+    parser.add_argument("--duration-scale", type=float, default=DURATION_SCALE,
+                        help="fraction of each load stage's real duration (default: %(default)s)")
+    parser.add_argument("--noise-sigma", type=float, default=EmulatorPhysics().noise_sigma,
+                        help="lognormal sigma of the cycle noise (default: %(default)s)")
+    parser.add_argument("--experiments", nargs="*", default=None,
+                        help="only these experiment ids, model names or workloads (default: all 16)")
+    args = parser.parse_args(argv)
+    try:
+        if not 0.0 < args.duration_scale <= 1.0:
+            raise InputError("--duration-scale", None, f"expected a fraction in (0, 1], got {args.duration_scale}")
+        if not 0.0 <= args.noise_sigma < 1.0:
+            raise InputError("--noise-sigma", None, f"expected a sigma in [0, 1), got {args.noise_sigma}")
+        if args.jobs < 1:
+            raise InputError("--jobs", None, f"expected a positive number of jobs, got {args.jobs}")
+        generate(args.out, args.seed, args.jobs, replace(EmulatorPhysics(), noise_sigma=args.noise_sigma),
+                 args.duration_scale, experiments=args.experiments)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

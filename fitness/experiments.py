@@ -16,8 +16,9 @@ the field and what was expected.
 from __future__ import annotations
 
 import json
+import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -345,8 +346,6 @@ def find_experiments(root: str | Path) -> list[ExperimentSpec]:
 
 def shared_data_root() -> Path:
     """``$STEPSYNTH_SHARED`` or ``<repo>/../shared``: where the read-only shared data lives."""
-    import os
-
     env = os.environ.get("STEPSYNTH_SHARED")
     if env:
         return Path(env)

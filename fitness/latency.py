@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import sympy as sp
 
-from evolve.expression import LAMBDIFY_MODULES, parse_infix, symbol
+from evolve.expression import LAMBDIFY_MODULES, SCALAR_MODULES, parse_infix, symbol
 from primitives.compute import BatchPrimitives
 from primitives.deployment import Deployment
 
@@ -47,6 +47,7 @@ class ExpressionLatencyModel:
         self.names = sorted(s.name for s in expr.free_symbols)
         self._primitives = BatchPrimitives(deployment, self.names)
         self._fn = sp.lambdify([symbol(n) for n in self.names], expr, modules=LAMBDIFY_MODULES)
+        self._scalar_fn = sp.lambdify([symbol(n) for n in self.names], expr, modules=SCALAR_MODULES)
         o = full_overheads(overheads)
         self.queueing_base_us = o["queueing_base_us"]
         self.queueing_per_input_token_us = o["queueing_per_input_token_us"]
@@ -60,9 +61,11 @@ class ExpressionLatencyModel:
         return cls(entry.expression, deployment, entry.overheads)
 
     def step_time_us(self, progress, new_tokens, input_len, output_len) -> float:
-        cols = self._primitives(progress, new_tokens, input_len, output_len)
-        with np.errstate(all="ignore"):
-            value = float(np.asarray(self._fn(*[cols[n] for n in self.names])).reshape(-1)[0])
+        vals = self._primitives.scalars(progress, new_tokens, input_len, output_len)
+        try:
+            value = float(self._scalar_fn(*[vals[n] for n in self.names]))
+        except (ZeroDivisionError, OverflowError, ValueError):
+            value = float("nan")
         return value if value > 1.0 else 1.0  # floor at 1 µs; NaN also becomes 1 µs
 
     def step_times_us(self, columns: dict[str, np.ndarray]) -> np.ndarray:

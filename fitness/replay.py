@@ -60,7 +60,7 @@ class _Paths:
     b: np.ndarray  # first step the request could join
     f: np.ndarray  # first-token step
     l: np.ndarray  # last-token step
-    cf: np.ndarray  # step f+1 follows f without idling (the one-step output delay applies)
+    cf: np.ndarray  # step f's outputs wait for the end of step f+1 (asynchronous scheduling)
     cl: np.ndarray
     input_len: np.ndarray
     n_tokens: np.ndarray
@@ -68,18 +68,16 @@ class _Paths:
     gaps: np.ndarray
 
 
-_PATH_CACHE: dict[int, tuple[Trajectory, _Paths]] = {}
-
-
 def _paths(traj: Trajectory) -> _Paths:
-    hit = _PATH_CACHE.get(id(traj))
-    if hit is not None and hit[0] is traj:
-        return hit[1]
+    """The path arrays of TRAJ's successful requests, computed once and kept on the trajectory."""
+    hit = traj.__dict__.get("_replay_paths")
+    if hit is not None:
+        return hit
     ok = traj.success
     s = traj.enq_step[ok]
     f = traj.first_token_step[ok]
     l = traj.last_step[ok]
-    nc = traj.next_contiguous
+    nc = traj.output_delayed
     n_tok = traj.target_tokens[ok].astype(np.float64)
     p = _Paths(
         s=s,
@@ -94,9 +92,7 @@ def _paths(traj: Trajectory) -> _Paths:
         stage=traj.stage[ok],
         gaps=EVENTS_PER_TOKEN * n_tok - 1,
     )
-    if len(_PATH_CACHE) > 64:
-        _PATH_CACHE.clear()
-    _PATH_CACHE[id(traj)] = (traj, p)
+    traj.__dict__["_replay_paths"] = p
     return p
 
 

@@ -26,17 +26,25 @@ OVERHEAD_COLUMNS = ("queueing_base_us", "queueing_per_input_token_us")
 
 @dataclass
 class ReplayRows:
-    """Per-experiment linear forms of the replayed means (from fitness.replay.metric_weights).
+    """Linear forms of the replayed means of each experiment (see fitness.replay.metric_weights).
 
-    For experiment e and metric m: mean_m = w[e][m] @ step_time_us + overhead[e][m] @ theta,
-    where theta are the OVERHEAD_COLUMNS values.
+    For experiment e and metric m (REPLAY_METRICS order), in µs:
+    ``mean[e][m] = weights[e][m] @ step_time_us + overhead[e][m] @ theta + fixed_us[e][m]``,
+    with theta the OVERHEAD_COLUMNS values and ``fixed_us`` the known terms (event gap).
     """
 
     names: list[str]
+    models: list[str]  # model of each experiment (for leave-one-model-out)
     columns: list[dict[str, np.ndarray]]  # per experiment: primitive -> per-step values
-    weights: list[dict[str, np.ndarray]]  # per experiment: metric -> per-step weights
-    overhead: list[dict[str, np.ndarray]]  # per experiment: metric -> coefficients of OVERHEAD_COLUMNS
-    observed: list[dict[str, float]]  # per experiment: metric -> observed mean (s)
+    weights: list[np.ndarray]  # per experiment: (len(REPLAY_METRICS), n_steps)
+    overhead: list[np.ndarray]  # per experiment: (len(REPLAY_METRICS), len(OVERHEAD_COLUMNS))
+    fixed_us: list[np.ndarray]  # per experiment: (len(REPLAY_METRICS),)
+    observed_us: list[np.ndarray]  # per experiment: (len(REPLAY_METRICS),), NaN when unknown
+
+    def subset(self, keep: list[int]) -> "ReplayRows":
+        pick = lambda xs: [xs[i] for i in keep]  # noqa: E731
+        return ReplayRows(pick(self.names), pick(self.models), pick(self.columns), pick(self.weights),
+                          pick(self.overhead), pick(self.fixed_us), pick(self.observed_us))
 
 
 @dataclass
@@ -166,24 +174,25 @@ def score_program(program: Program, ctx: FitnessContext, detail: bool = False) -
     if ctx.replay is not None:
         rp = ctx.replay
         for e in range(len(rp.names)):
+            obs = rp.observed_us[e]
+            if not np.isfinite(obs).any():
+                continue
             cols = rp.columns[e]
-            n_e = len(next(iter(cols.values())))
+            n_e = rp.weights[e].shape[1]
             T = np.empty((n_e, k + 1))
             for j, t in enumerate(terms):
                 T[:, j] = evaluate_program(t, cols, n_e)
             T[:, k] = 1.0
             if not np.isfinite(T).all():
                 return _worst(program)
-            for m in REPLAY_METRICS:
-                obs = rp.observed[e].get(m)
-                if obs is None or not np.isfinite(obs) or obs <= 0:
-                    continue
-                row = np.concatenate([rp.weights[e][m] @ T, rp.overhead[e][m]])
-                replay_rows.append((e, m, row, obs))
+            rows = np.hstack([rp.weights[e] @ T, rp.overhead[e]])
+            for i, m in enumerate(REPLAY_METRICS):
+                if np.isfinite(obs[i]) and obs[i] > 0:
+                    replay_rows.append((e, m, rows[i], obs[i], rp.fixed_us[e][i]))
         if replay_rows:
             scale = np.sqrt(ctx.replay_weight)
             blocks_a.append(np.array([r[2] / r[3] * scale for r in replay_rows]))
-            blocks_b.append(np.full(len(replay_rows), scale))
+            blocks_b.append(np.array([(r[3] - r[4]) / r[3] * scale for r in replay_rows]))
 
     if not blocks_a:
         raise ValueError("nothing to score: no step rows and no replayed experiments")
@@ -221,8 +230,8 @@ def score_program(program: Program, ctx: FitnessContext, detail: bool = False) -
     replay_error = 0.0
     if replay_rows:
         errs: dict[str, list[float]] = {m: [] for m in REPLAY_METRICS}
-        for e, m, row, obs in replay_rows:
-            err = float(row @ theta) / obs - 1.0
+        for e, m, row, obs, fixed in replay_rows:
+            err = (float(row @ theta) + fixed) / obs - 1.0
             errs[m].append(abs(err))
             per_exp.setdefault(ctx.replay.names[e], {})[f"{m}_error"] = err
         for m, v in errs.items():

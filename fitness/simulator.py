@@ -26,7 +26,9 @@ The server side (``/work/shared/NOTES.md`` §4):
   the client at the end of the *following* step (at the end of the step itself when the
   engine idles afterwards) plus ``output_token_processing_us``. A request is enqueued
   ``queueing_time_us(input_len)`` after it is sent (HTTP + tokenisation). The engine
-  idles until the next enqueue when nothing is runnable.
+  idles until the next enqueue when nothing is runnable. A request that finishes at step k
+  keeps its slot and KV blocks while step k+1 is scheduled (its output is processed while
+  k+1 runs; vLLM knows it reached max_tokens and does not schedule it).
 * **Timeouts**: the client gives up ``request_timeout_s`` after sending; the engine
   aborts the request (freeing its KV blocks and slot) at the first step start after.
 
@@ -49,7 +51,7 @@ import numpy as np
 
 from primitives.deployment import KV_BLOCK_TOKENS, Deployment
 
-from .experiments import ExperimentSpec, LifecycleMetrics, ObservedMetrics
+from .experiments import ExperimentSpec, ObservedMetrics
 from .loadgen import DEFAULT_EVENT_GAP_US, LoadPlan, build_load, client_times, lifecycle_metrics
 
 BLOCK = KV_BLOCK_TOKENS
@@ -99,9 +101,11 @@ class Overheads:
 class PhysicsLatencyModel(Overheads):
     """A hand-made roofline-ish step-time model over the deployment constants (reference).
 
-    ``step_time_us = weight_coef * weight_time + kv_coef * kv_io_time + matmul_coef * matmul_time
-    + attention_coef * attention_time + per_layer_us * n_layers + allreduce_latency_us *
-    allreduce_calls + per_request_us * batch_size + base_us``; each ``*_time`` as in
+    ``step_time_us = dense + kv_coef * kv_io_time + attention_coef * attention_time +
+    per_layer_us * n_layers + allreduce_latency_us * allreduce_calls + per_request_us *
+    batch_size + base_us`` with ``dense = max(weight_coef * weight_time, matmul_coef *
+    matmul_time)`` (a roofline: streaming the weights or the matmul FLOPs, whichever is
+    longer) or their sum when ``roofline`` is False; each ``*_time`` as in
     ``primitives.registry``. Vector sums only: cheap enough for the closed loop.
     """
 
@@ -114,6 +118,7 @@ class PhysicsLatencyModel(Overheads):
     allreduce_latency_us: float = 0.0  # per all-reduce launch (2 per layer at TP > 1)
     per_request_us: float = 0.0
     base_us: float = 0.0
+    roofline: bool = True
 
     def __post_init__(self) -> None:
         if self.deployment is None:
@@ -124,21 +129,23 @@ class PhysicsLatencyModel(Overheads):
         self._matmul_us_per_token = 2.0 * c["active_params_per_gpu"] / c["dense_flops_per_us"]
         self._attn_us_per_pair = c["attn_flops_per_token_pair_per_gpu"] / c["dense_flops_per_us"]
         calls = 2.0 * c["n_layers"] if c["tp"] > 1 else 0.0
-        self._fixed_us = (self.weight_coef * self._weight_us + self.per_layer_us * c["n_layers"]
-                          + self.allreduce_latency_us * calls + self.base_us)
+        self._weight_part_us = self.weight_coef * self._weight_us
+        self._fixed_us = self.per_layer_us * c["n_layers"] + self.allreduce_latency_us * calls + self.base_us
 
     def step_time_us(self, progress, new_tokens, input_len, output_len) -> float:
         tokens = float(new_tokens.sum())
         kv = float(progress.sum()) + tokens
-        t = self._fixed_us + self.kv_coef * self._kv_us_per_token * (kv + tokens)
-        t += self.matmul_coef * self._matmul_us_per_token * tokens + self.per_request_us * len(new_tokens)
+        matmul = self.matmul_coef * self._matmul_us_per_token * tokens
+        dense = max(self._weight_part_us, matmul) if self.roofline else self._weight_part_us + matmul
+        t = dense + self._fixed_us + self.kv_coef * self._kv_us_per_token * (kv + tokens)
+        t += self.per_request_us * len(new_tokens)
         if self.attention_coef:
             work = float((new_tokens * (progress + new_tokens / 2.0)).sum())
             t += self.attention_coef * self._attn_us_per_pair * work
         return t
 
 
-@dataclass
+@dataclass(eq=False)
 class RequestTable:
     """Per-request outcome of a run (times in µs, NaN where not applicable)."""
 
@@ -162,7 +169,7 @@ class RequestTable:
         return len(self.send_us)
 
 
-@dataclass
+@dataclass(eq=False)
 class Trajectory:
     """A recorded run: the batches (CSR) and each request's path through the steps.
 
@@ -176,8 +183,12 @@ class Trajectory:
     through it (-1 if the engine was idle: its enqueue started step ``wait_from_step[r]``);
     waits from ``wait_from_step[r]`` (the first step it could join) to its admission at
     ``admit_step[r]``; first token sampled at ``first_token_step[r]``, last at ``last_step[r]``.
-    ``next_contiguous[k]`` says step k+1 followed step k without idling (then step k's tokens
-    reach the client at the end of step k+1).
+    ``next_contiguous[k]``: step k+1 started right when step k ended (no idle gap).
+    ``output_delayed[k]``: step k+1 was launched before step k's outputs were processed
+    (asynchronous scheduling), so step k's tokens reach the client at the end of step k+1;
+    False when the engine idled (or had to wait for those outputs) after step k. Steps on a
+    request's path follow each other without gaps: ``step_start_us[k+1] = step_start_us[k] +
+    step_cycle_us[k]`` there.
     """
 
     step_start_us: np.ndarray
@@ -185,6 +196,7 @@ class Trajectory:
     step_cycle_us: np.ndarray
     step_preemptions: np.ndarray
     next_contiguous: np.ndarray
+    output_delayed: np.ndarray
     step_offsets: np.ndarray
     batch_progress: np.ndarray
     batch_new_tokens: np.ndarray
@@ -224,13 +236,21 @@ class Trajectory:
         return features_from_requests(self.batch_step, self.batch_progress, self.batch_new_tokens,
                                       self.batch_input_len, self.batch_output_len, self.n_steps, names)
 
+    def without_batches(self) -> "Trajectory":
+        """A copy without the per-step batch rows (all replay needs; a fraction of the memory)."""
+        from dataclasses import replace
+
+        empty = np.zeros(0, dtype=np.int32)
+        return replace(self, step_offsets=np.zeros(self.n_steps + 1, dtype=np.int64), batch_progress=empty,
+                       batch_new_tokens=empty, batch_input_len=empty, batch_output_len=empty, batch_request=empty)
+
     def batch(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         a, b = self.step_offsets[k], self.step_offsets[k + 1]
         return (self.batch_progress[a:b], self.batch_new_tokens[a:b], self.batch_input_len[a:b],
                 self.batch_output_len[a:b])
 
 
-@dataclass
+@dataclass(eq=False)
 class SimResult:
     metrics: ObservedMetrics  # same keys as the observed results (means in seconds)
     requests: RequestTable
@@ -419,6 +439,15 @@ def simulate(spec: ExperimentSpec, deployment: Deployment, model: LatencyModel, 
     kv = _PrefixKV(kv_total)
     waiting: deque[int] = deque()
     n_waiting = 0  # live entries of ``waiting`` (aborted ones are skipped lazily)
+    # Requests that finished in the last step: with asynchronous scheduling their output is
+    # processed while the next step runs, so they keep their slot and KV blocks through the
+    # next scheduling (vLLM skips scheduling them: it knows max_tokens is reached).
+    finishing: list[int] = []
+
+    def release_finishing() -> None:
+        for r in finishing:
+            kv.release(blocks_of.pop(r))
+        finishing.clear()
 
     # --- running set, in admission order ----------------------------------------
     E = np.zeros(0, dtype=np.int64)
@@ -429,30 +458,27 @@ def simulate(spec: ExperimentSpec, deployment: Deployment, model: LatencyModel, 
     st_time: list[float] = []
     st_cycle: list[float] = []
     st_pre: list[int] = []
-    st_follows: list[bool] = []  # step k started right at the end of step k-1
+    st_follows: list[bool] = []  # step k was launched while step k-1 ran (k-1's outputs delayed)
+    st_gapless: list[bool] = []  # step k started right at the end of step k-1
     st_off: list[int] = [0]
     rec = _Recorder(min(int(N * (target + 2) * 1.05), 1 << 22) if record else 1)
     n_rows = 0
 
     T = 0.0
     prev_end = -1.0
+    synced = False
     total_preempt = 0
     stage_start = np.zeros(len(load.stage_offsets_s))
     stage_first = load.stage_first_request
-
-    def write_back(idx: np.ndarray) -> None:
-        rs = r_id[idx]
-        out_tok[rs] = r_out[idx]
 
     for si, offsets in enumerate(load.stage_offsets_s):
         lo, hi = int(stage_first[si]), int(stage_first[si + 1])
         if si > 0:
             # the stage starts once the previous one drained (client side), after the interval
             prev = slice(int(stage_first[si - 1]), lo)
-            start_us = _drain_time_us(send_us[prev], status[prev], first_step[prev], last_step[prev],
-                                      st_start, st_cycle, st_follows, otp_us, gap_us, timeout_us,
-                                      enq_us[prev])
-            start_us = max(start_us, 0.0) + load.stage_interval_s * US_PER_S
+            start_us = _drain_time_us(send_us[prev], status[prev], last_step[prev], st_start, st_cycle,
+                                      st_follows, otp_us, gap_us, timeout_us, enq_us[prev])
+            start_us = max(start_us, stage_start[si - 1], T) + load.stage_interval_s * US_PER_S
         else:
             start_us = 0.0
         stage_start[si] = start_us
@@ -495,7 +521,7 @@ def simulate(spec: ExperimentSpec, deployment: Deployment, model: LatencyModel, 
                         kv.release(blocks)
                 elif s == RUNNING:
                     i = int(np.flatnonzero(r_id == r)[0])
-                    write_back(np.array([i]))
+                    out_tok[r] = r_out[i]
                     kv.release(blocks_of.pop(r))
                     status[r] = ABORTED
                     done_stage += 1
@@ -507,12 +533,14 @@ def simulate(spec: ExperimentSpec, deployment: Deployment, model: LatencyModel, 
                     status[r] = ABORTED
                     done_stage += 1
             if done_stage >= n_stage:
+                release_finishing()
                 break
             n_run = len(r_id)
             if n_run == 0 and n_waiting == 0:
-                if ptr >= n_stage:
-                    # only requests whose deadline has not come remain... cannot happen: all done
-                    break
+                release_finishing()  # the engine idles: the last outputs get processed
+                if ptr >= n_stage:  # every request enqueued and none left in the engine
+                    raise RuntimeError(f"simulator invariant: stage {si} has {n_stage - done_stage} requests "
+                                       "neither done nor in the engine")
                 T = max(T, float(enq_sorted[ptr]))  # idle until the next enqueue
                 continue
 
@@ -579,7 +607,7 @@ def simulate(spec: ExperimentSpec, deployment: Deployment, model: LatencyModel, 
             # 4. admit waiting requests, FCFS (not in a step that preempted)
             adm: list[tuple[int, int, int, int, int, int, int, int]] = []
             if n_pre_step == 0:
-                n_slots = max_seqs - len(r_id)
+                n_slots = max_seqs - len(r_id) - len(finishing)
                 while budget > 0 and n_waiting > 0 and len(adm) < n_slots:
                     r = waiting[0]
                     if status[r] != WAITING:  # aborted while waiting
@@ -631,6 +659,10 @@ def simulate(spec: ExperimentSpec, deployment: Deployment, model: LatencyModel, 
             if len(b_new) == 0:
                 if n_pre_step:
                     continue  # everything preempted: schedule again (admission allowed now)
+                if finishing:  # nothing to run: the engine waits for the last outputs, then retries
+                    release_finishing()
+                    synced = True  # so the last step's outputs are not delayed by the next one
+                    continue
                 # the waiting head can never fit the KV cache: reject it
                 while waiting and status[waiting[0]] != WAITING:
                     waiting.popleft()
@@ -655,11 +687,14 @@ def simulate(spec: ExperimentSpec, deployment: Deployment, model: LatencyModel, 
             st_time.append(t_model)
             st_cycle.append(cycle)
             st_pre.append(n_pre_step)
-            st_follows.append(T == prev_end)
+            st_follows.append(T == prev_end and not synced)
+            st_gapless.append(T == prev_end)
+            synced = False
             n_rows += len(bn)
             st_off.append(n_rows)
             if record:
                 rec.add(bp, bn, bi, bo, br)
+            release_finishing()  # their output was processed while this step ran
             T = T + cycle
             prev_end = T
 
@@ -675,10 +710,8 @@ def simulate(spec: ExperimentSpec, deployment: Deployment, model: LatencyModel, 
                 fin = r_out >= target
                 if fin.any():
                     fi = np.flatnonzero(fin)
-                    for i in fi.tolist():
-                        r = int(r_id[i])
-                        kv.release(blocks_of.pop(r))
                     rs = r_id[fi]
+                    finishing.extend(rs.tolist())
                     last_step[rs] = k
                     out_tok[rs] = r_out[fi]
                     status[rs] = FINISHED
@@ -694,9 +727,11 @@ def simulate(spec: ExperimentSpec, deployment: Deployment, model: LatencyModel, 
     start = np.array(st_start, dtype=np.float64)
     cyc = np.array(st_cycle, dtype=np.float64)
     follows = np.array(st_follows, dtype=bool)
-    next_contig = np.zeros(n_steps, dtype=bool)
+    next_contig = np.zeros(n_steps, dtype=bool)  # outputs delayed by the next step
+    gapless = np.zeros(n_steps, dtype=bool)
     if n_steps > 1:
         next_contig[:-1] = follows[1:]
+        gapless[:-1] = np.array(st_gapless[1:], dtype=bool)
     out_us = _output_times_us(start, cyc, next_contig) + otp_us
     finished = status == FINISHED
     first_tok_us = np.full(N, np.nan)
@@ -724,7 +759,8 @@ def simulate(spec: ExperimentSpec, deployment: Deployment, model: LatencyModel, 
         enq_step, enq_frac, wait_from = _enqueue_positions(enq_us, start, cyc, status)
         traj = Trajectory(
             step_start_us=start, step_time_us=np.array(st_time), step_cycle_us=cyc,
-            step_preemptions=np.array(st_pre, dtype=np.int32), next_contiguous=next_contig,
+            step_preemptions=np.array(st_pre, dtype=np.int32), next_contiguous=gapless,
+            output_delayed=next_contig,
             step_offsets=np.array(st_off, dtype=np.int64),
             batch_progress=prog, batch_new_tokens=new, batch_input_len=inl, batch_output_len=outl,
             batch_request=reqi,
@@ -734,7 +770,9 @@ def simulate(spec: ExperimentSpec, deployment: Deployment, model: LatencyModel, 
             n_stages=len(load.stage_offsets_s), name=spec.name,
         )
     return SimResult(metrics=metrics, requests=requests, trajectory=traj, n_steps=n_steps,
-                     kv_capacity_blocks=kv_total, stage_start_us=stage_start, total_preemptions=total_preempt)
+                     kv_capacity_blocks=kv_total, stage_start_us=stage_start, total_preemptions=total_preempt,
+                     extra={"kv_free_blocks_at_end": kv.free(), "kv_blocks_held_at_end": sum(
+                         1 for c in kv.ref.values() if c > 0)})
 
 
 # ---------------------------------------------------------------------------
@@ -811,8 +849,8 @@ def _output_times_us(start: np.ndarray, cycle: np.ndarray, next_contig: np.ndarr
     return out
 
 
-def _drain_time_us(send, status, first, last, st_start, st_cycle, st_follows, otp_us, gap_us,
-                   timeout_us, enq) -> float:
+def _drain_time_us(send, status, last, st_start, st_cycle, st_follows, otp_us, gap_us, timeout_us,
+                   enq) -> float:
     """When the client has every response of a stage (received, or given up at the timeout)."""
     start = np.array(st_start, dtype=np.float64)
     cyc = np.array(st_cycle, dtype=np.float64)

@@ -97,8 +97,22 @@ def constant_columns(deployments: list[Deployment], row_deployment: np.ndarray) 
     return {k: rows[:, i] for i, k in enumerate(CONSTANT_UNITS)}
 
 
+@lru_cache(maxsize=None)
+def _scalar_primitive_fn(name: str):
+    """The primitive as a function of scalars (math module): cheap per simulated step."""
+    p = PRIMITIVE_BY_NAME[name]
+    args = sorted(p.features) + sorted(p.constants)
+    expr = p.expr.subs({s: sp.Symbol(s.name) for s in p.expr.free_symbols})
+    return sp.lambdify([sp.Symbol(a) for a in args], expr, modules="math"), args
+
+
 class BatchPrimitives:
-    """Primitive values of one batch, for simulators that need them step by step."""
+    """Primitive values of one batch, for simulators that need them step by step.
+
+    Same registry definitions as ``features_from_requests``/``primitive_columns``, on a
+    fast path for a single batch: one phase mask, one numpy reduction per feature and
+    scalar (math-module) primitive functions with the deployment constants bound.
+    """
 
     def __init__(self, deployment: Deployment, names: list[str]):
         self.names = list(names)
@@ -107,13 +121,34 @@ class BatchPrimitives:
         for n in self.names:
             needed |= PRIMITIVE_BY_NAME[n].features
         self.feature_names = sorted(needed)
+        self._features = [
+            (f, _per_request_fn(f), FEATURE_BY_NAME[f].phase, FEATURE_BY_NAME[f].reduce) for f in self.feature_names
+        ]
+        self._phases = sorted({ph for _, _, ph, _ in self._features if ph is not None})
+        self._prims = []
+        for n in self.names:
+            fn, args = _scalar_primitive_fn(n)
+            self._prims.append((n, fn, args))
+
+    def scalars(self, progress, new_tokens, input_len, output_len) -> dict[str, float]:
+        cols = tuple(np.asarray(c, dtype=np.float64) for c in (progress, new_tokens, input_len, output_len))
+        masks = {ph: np.asarray(_phase_fn(ph)(*cols), dtype=bool) for ph in self._phases}
+        values: dict[str, float] = dict(self.constants)
+        n = len(progress)
+        for name, fn, phase, reduce in self._features:
+            v = fn(*cols)
+            if np.ndim(v) == 0:
+                v = np.full(n, float(v))
+            if phase is not None:
+                v = v[masks[phase]]
+            if reduce == "sum":
+                values[name] = float(v.sum())
+            else:
+                values[name] = float(v.max()) if len(v) else 0.0
+        return {n: float(fn(*[values[a] for a in args])) for n, fn, args in self._prims}
 
     def __call__(self, progress, new_tokens, input_len, output_len) -> dict[str, np.ndarray]:
-        n = len(progress)
-        feats = features_from_requests(
-            np.zeros(n, dtype=np.int64), progress, new_tokens, input_len, output_len, 1, self.feature_names
-        )
-        return primitive_columns(feats, self.constants, self.names)
+        return {k: np.array([v]) for k, v in self.scalars(progress, new_tokens, input_len, output_len).items()}
 
 
 __all__ = [

@@ -119,22 +119,25 @@ def features_source(feature_names: list[str]) -> GoSnippet:
     feats = [FEATURE_BY_NAME[n] for n in feature_names]
     printer = GoCodePrinter(names=dict(REQUEST_GO_LOCALS))
     body: list[str] = []
+    by_phase: dict[str | None, list[str]] = {}
     for f in feats:
-        value = printer.doprint_expr(f.per_request)
+        value = format_go_expr(printer.doprint_expr(f.per_request))
         target = f"f.{FEATURE_GO_FIELDS[f.name]}"
         if f.reduce == "sum":
-            stmt = f"{target} += {value}"
+            stmts = [f"{target} += {value}"]
         elif f.reduce == "max":
-            printer.uses_math = True
-            stmt = f"{target} = math.Max({target}, {value})"
+            # Request fields are whole numbers (never NaN), so a comparison is exactly
+            # numpy's maximum, and cheaper than math.Max. The maximum starts at 0 as in
+            # primitives.compute.
+            stmts = [f"if v := {value}; v > {target} {{", f"\t{target} = v", "}"]
         else:  # pragma: no cover - registry invariant
             raise GoPrintError(f"unknown reduction {f.reduce!r}")
-        if f.phase is None:
-            body.append(stmt)
-        else:
-            body += [f"if {PHASE_GO_LOCALS[f.phase]} {{", "\t" + stmt, "}"]
+        by_phase.setdefault(f.phase, []).extend(stmts)
+    body += by_phase.pop(None, [])
+    for ph, stmts in by_phase.items():  # one if per phase
+        body += [f"if {PHASE_GO_LOCALS[ph]} {{"] + ["\t" + s for s in stmts] + ["}"]
     phases = [ph for ph in PHASES if any(f.phase == ph for f in feats)]
-    phase_lines = [f"{PHASE_GO_LOCALS[ph]} := {printer.doprint_expr(PHASES[ph])}" for ph in phases]
+    phase_lines = [f"{PHASE_GO_LOCALS[ph]} := {format_go_expr(printer.doprint_expr(PHASES[ph]))}" for ph in phases]
     # Declare only the request fields used (unused locals do not compile).
     used = " ".join(body + phase_lines)
     request_lines = [
@@ -154,7 +157,7 @@ def features_source(feature_names: list[str]) -> GoSnippet:
     lines.append("func reduceBatch(batch []*Request) batchFeatures {")
     lines.append("\tvar f batchFeatures")
     lines.append("\tfor _, r := range batch {")
-    lines += ["\t\t" + _format_line(line) for line in loop]
+    lines += ["\t\t" + line for line in loop]  # formatted as built
     lines.append("\t}")
     lines.append("\treturn f")
     lines.append("}")

@@ -10,10 +10,8 @@ NumNewTokens, len(InputTokens), len(OutputTokens).
 """
 from __future__ import annotations
 
-import base64
 import math
 import struct
-import zlib
 from typing import Sequence
 
 import numpy as np
@@ -160,14 +158,6 @@ def encode_batches(batches: Sequence) -> bytes:
     return b"".join(parts)
 
 
-def encode_batches_text(batches: Sequence, width: int = 76) -> str:
-    """``encode_batches`` compressed (raw deflate, Go's compress/flate) and base64'd in lines."""
-    comp = zlib.compressobj(9, zlib.DEFLATED, -15)
-    data = comp.compress(encode_batches(batches)) + comp.flush()
-    text = base64.b64encode(data).decode()
-    return "\n".join(text[i : i + width] for i in range(0, len(text), width))
-
-
 def decode_batches(data: bytes) -> list[np.ndarray]:
     """Inverse of ``encode_batches`` (for tests)."""
     words = np.frombuffer(data, dtype="<u4").astype(np.int64)
@@ -186,7 +176,6 @@ __all__ = [
     "splitmix_draws",
     "decode_batches",
     "encode_batches",
-    "encode_batches_text",
     "python_step_time_us",
     "random_batches",
     "round_overhead_us",

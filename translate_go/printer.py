@@ -52,7 +52,8 @@ def go_camel(name: str) -> str:
     words = [w for w in re.split(r"[^0-9A-Za-z]+", name) if w]
     if not words:
         return "v"
-    out = [words[0].lower()]
+    first = words[0]
+    out = [first.lower() if first.isupper() or first.lower() in _INITIALISMS else first[:1].lower() + first[1:]]
     for w in words[1:]:
         out.append(_INITIALISMS.get(w.lower(), w[:1].upper() + w[1:]))
     ident = "".join(out)
@@ -287,21 +288,51 @@ class NameAllocator:
         return f"{prefix}{i}"
 
 
-def _innermost_piecewise(expr: sp.Basic) -> sp.Piecewise | None:
+def _innermost_conditional(expr: sp.Basic) -> sp.Basic | None:
     for node in sp.postorder_traversal(expr):
-        if isinstance(node, sp.Piecewise):
+        if isinstance(node, (sp.Piecewise, sp.ITE)):
             return node
     return None
 
 
-def _lower_piecewise(expr: sp.Basic, printer: GoCodePrinter, alloc: NameAllocator, lines: list[str]) -> sp.Basic:
-    """Replace each Piecewise (innermost first) by a temporary set in an if/else chain."""
-    if expr.has(sp.ITE):
-        expr = expr.replace(lambda e: isinstance(e, sp.ITE), lambda e: e.rewrite(sp.Piecewise))
-    while True:
-        pw = _innermost_piecewise(expr)
-        if pw is None:
+def _as_boolean_formula(node: sp.Basic) -> sp.Basic:
+    """A boolean ITE/Piecewise as And/Or/Not, which Go writes directly."""
+    if isinstance(node, sp.ITE):
+        c, a, b = node.args
+        return sp.Or(sp.And(c, a), sp.And(sp.Not(c), b))
+    terms, earlier = [], []
+    for value, cond in node.args:
+        terms.append(sp.And(*[sp.Not(e) for e in earlier], cond, value))
+        earlier.append(cond)
+    return sp.Or(*terms)
+
+
+_MAX_LOWERING_STEPS = 10_000
+
+
+def _is_boolean(value: sp.Basic, bool_names: set[str]) -> bool:
+    """Relationals, And/Or/Not, true/false, or a temporary that holds a bool."""
+    if isinstance(value, sp.Symbol):
+        return value.name in bool_names
+    return isinstance(value, sp.logic.boolalg.Boolean) and not isinstance(value, sp.Expr)
+
+
+def _lower_piecewise(
+    expr: sp.Basic, printer: GoCodePrinter, alloc: NameAllocator, lines: list[str], bool_names: set[str] | None = None
+) -> sp.Basic:
+    """Replace each Piecewise (innermost first) by a temporary set in an if/else chain.
+
+    Boolean-valued conditionals (an ITE, or a Piecewise of conditions, which sympy makes
+    of relationals over Piecewise values) become And/Or formulas instead.
+    """
+    for _ in range(_MAX_LOWERING_STEPS):
+        node = _innermost_conditional(expr)
+        if node is None:
             return expr
+        if isinstance(node, sp.ITE) or any(_is_boolean(v, bool_names or set()) for v, _ in node.args):
+            expr = expr.xreplace({node: _as_boolean_formula(node)})
+            continue
+        pw = node
         name = alloc.fresh("pw")
         branches = [(v, c) for v, c in pw.args if c != sp.false]
         conditional = []
@@ -324,6 +355,7 @@ def _lower_piecewise(expr: sp.Basic, printer: GoCodePrinter, alloc: NameAllocato
             lines.append("}")
         printer.names[name] = name
         expr = expr.xreplace({pw: sp.Symbol(name)})
+    raise GoPrintError("could not lower the expression's Piecewise/ITE nodes to if/else")
 
 
 def lower_statements(
@@ -347,11 +379,14 @@ def lower_statements(
         result = reduced[0]
     else:
         replacements, result = [], expr
+    bool_names: set[str] = set()  # cse temporaries holding a condition (Go bool)
     for sym, sub in replacements:
-        sub = _lower_piecewise(sub, printer, alloc, lines)
+        sub = _lower_piecewise(sub, printer, alloc, lines, bool_names)
+        if _is_boolean(sub, bool_names):
+            bool_names.add(sym.name)
         printer.names[sym.name] = sym.name
         lines.append(f"{sym.name} := {printer.doprint_expr(sub)}")
-    result = _lower_piecewise(result, printer, alloc, lines)
+    result = _lower_piecewise(result, printer, alloc, lines, bool_names)
     return lines, printer.doprint_expr(result)
 
 

@@ -1,0 +1,173 @@
+"""Speed and sanity of the closed-loop simulator and the teacher-forced replay.
+
+Prints:
+1. the closed-loop wall time of the 16,800-request Llama-2-70B TP4 general experiment
+   (2 stages of 600 s at 8 and 20 req/s) with a cheap physics LatencyModel, on one core;
+2. the teacher-forced replay time of one candidate over the 12 experiments with results
+   (given per-step times), and the time to build / apply the linear forms;
+3. simulated vs observed E2E / TTFT / ITL means per experiment (and per stage) for a
+   hand-made physics model: a sanity check of the simulator, not a fit.
+
+Usage: ``python benchmarks/bench_simulator.py [--experiments DIR] [--only-speed]``
+(``DIR`` defaults to ``$STEPSYNTH_SHARED/data/experiments``).
+"""
+from __future__ import annotations
+
+import os
+
+# one core: keep numpy's thread pools out of the measurement
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fitness.experiments import find_experiments, shared_data_root  # noqa: E402
+from fitness.replay import evaluate_weights, metric_weights, replay  # noqa: E402
+from fitness.simulator import PhysicsLatencyModel, simulate  # noqa: E402
+from primitives.deployment import DeploymentResolver  # noqa: E402
+from primitives.errors import InputError  # noqa: E402
+
+SPEED_EXPERIMENT = "llama-2-70b-tp4-general"
+
+
+def hand_model(deployment, tp: int) -> PhysicsLatencyModel:
+    """A plausible hand-made physics model (not fitted): roofline weights/matmul, KV reads,
+    per-layer launches, TP-dependent all-reduce latency, per-request CPU, ~9 ms API overhead."""
+    return PhysicsLatencyModel(
+        deployment=deployment,
+        weight_coef=1.2,
+        kv_coef=1.2,
+        matmul_coef=1.4,
+        per_layer_us=15.0,
+        allreduce_latency_us=6.0 * (tp - 1),
+        per_request_us=15.0,
+        queueing_base_us=9000.0,
+    )
+
+
+def _pct(sim, obs) -> str:
+    if sim is None or obs is None:
+        return "      -"
+    return f"{100.0 * (sim / obs - 1.0):+6.1f}%"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--experiments", default=str(shared_data_root() / "data" / "experiments"))
+    ap.add_argument("--only-speed", action="store_true", help="skip the per-experiment sanity table")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    try:
+        specs = find_experiments(args.experiments)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    resolver = DeploymentResolver()
+
+    # 1. closed-loop speed ----------------------------------------------------------
+    big = next((s for s in specs if s.name.endswith(SPEED_EXPERIMENT)), None)
+    if big is None:
+        print(f"no experiment named *{SPEED_EXPERIMENT} under {args.experiments}", file=sys.stderr)
+        return 2
+    dep = resolver.resolve(big.model, big.tp)
+    model = hand_model(dep, big.tp)
+    for record in (False, True):
+        t0, c0 = time.perf_counter(), time.process_time()
+        res = simulate(big, dep, model, seed=args.seed, record=record)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        print(f"closed loop {big.name} record={record}: {wall:.2f} s wall ({cpu:.2f} s CPU), "
+              f"{big.num_requests} requests, {res.n_steps} steps ({1e6 * cpu / max(res.n_steps, 1):.0f} us CPU/step)")
+    if res.trajectory is not None:
+        tr = res.trajectory
+        print(f"  trajectory: {tr.step_offsets[-1]:,} batch rows, mean batch {np.diff(tr.step_offsets).mean():.1f}, "
+              f"mean cycle {tr.step_cycle_us.mean() / 1e3:.2f} ms")
+
+    # 2. replay speed -----------------------------------------------------------------
+    with_results = [s for s in specs if s.observed is not None]
+    trajs, models = [], []
+    t0 = time.perf_counter()
+    rows = []
+    for spec in with_results:
+        d = resolver.resolve(spec.model, spec.tp)
+        m = hand_model(d, spec.tp)
+        t1 = time.perf_counter()
+        r = simulate(spec, d, m, seed=args.seed, record=True)
+        rows.append((spec, r, time.perf_counter() - t1))
+        trajs.append(r.trajectory)
+        models.append(m)
+    sim_all = time.perf_counter() - t0
+    print(f"closed loop of the {len(with_results)} experiments with results: {sim_all:.1f} s "
+          f"(max {max(w for _, _, w in rows):.1f} s)")
+    rng = np.random.default_rng(0)
+    candidates = [tr.step_time_us * rng.uniform(0.8, 1.2) for tr in trajs]  # some other candidate
+    for tr, c, m in zip(trajs, candidates, models):  # warm the per-trajectory path cache
+        replay(tr, c, m)
+    reps = 20
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        for tr, c, m in zip(trajs, candidates, models):
+            replay(tr, c, m)
+    rep_ms = 1e3 * (time.perf_counter() - t0) / reps
+    print(f"teacher-forced replay of one candidate over {len(trajs)} experiments: {rep_ms:.1f} ms "
+          f"(summary + per stage)")
+    t0 = time.perf_counter()
+    forms = [metric_weights(tr) for tr in trajs]
+    print(f"metric_weights for {len(trajs)} experiments: {1e3 * (time.perf_counter() - t0):.0f} ms (once per trajectory)")
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        for f, c, m in zip(forms, candidates, models):
+            evaluate_weights(f, c, m)
+    print(f"applying the linear forms over {len(trajs)} experiments: {1e3 * (time.perf_counter() - t0) / reps:.2f} ms")
+    worst = 0.0
+    for tr, f, c, m in zip(trajs, forms, candidates, models):
+        a = replay(tr, c, m).summary
+        b = evaluate_weights(f, c, m)
+        worst = max(worst, abs(a.e2e_mean_s * 1e6 / b["e2e"] - 1), abs(a.ttft_mean_s * 1e6 / b["ttft"] - 1),
+                    abs(a.itl_mean_s * 1e6 / b["itl"] - 1))
+    print(f"  linear forms vs replay: max relative difference {worst:.1e}")
+
+    if args.only_speed:
+        return 0
+
+    # 3. sanity table -----------------------------------------------------------------
+    print()
+    print("hand-made physics model (not fitted): simulated / observed means and error")
+    print(f"{'experiment':44s} {'E2E s':>15s} {'err':>7s} {'TTFT ms':>15s} {'err':>7s} {'ITL ms':>13s} {'err':>7s}")
+    errs = {"e2e": [], "ttft": [], "itl": []}
+    for spec, r, _ in rows:
+        obs = spec.observed
+        scopes = [("", r.metrics.summary, obs.summary)]
+        if len(obs.stages) > 1:
+            scopes += [(f"  stage {i}", a, b) for i, (a, b) in enumerate(zip(r.metrics.stages, obs.stages))]
+        for label, a, b in scopes:
+            name = spec.name if not label else label
+            print(f"{name[-44:]:44s} {a.e2e_mean_s:6.3f}/{b.e2e_mean_s:6.3f}  {_pct(a.e2e_mean_s, b.e2e_mean_s)} "
+                  f"{1e3 * a.ttft_mean_s:6.1f}/{1e3 * b.ttft_mean_s:6.1f}  {_pct(a.ttft_mean_s, b.ttft_mean_s)} "
+                  f"{1e3 * a.itl_mean_s:5.2f}/{1e3 * b.itl_mean_s:5.2f}  {_pct(a.itl_mean_s, b.itl_mean_s)}")
+        errs["e2e"].append(abs(r.metrics.summary.e2e_mean_s / obs.summary.e2e_mean_s - 1))
+        errs["ttft"].append(abs(r.metrics.summary.ttft_mean_s / obs.summary.ttft_mean_s - 1))
+        errs["itl"].append(abs(r.metrics.summary.itl_mean_s / obs.summary.itl_mean_s - 1))
+    print(f"mean |error| over {len(rows)} experiments: E2E {100 * np.mean(errs['e2e']):.1f}%, "
+          f"TTFT {100 * np.mean(errs['ttft']):.1f}%, ITL {100 * np.mean(errs['itl']):.1f}%")
+    blind = [s for s in specs if s.observed is None]
+    if blind:
+        print("\nblind runs (no results): simulated outcome with the same model")
+        for spec in blind:
+            d = resolver.resolve(spec.model, spec.tp)
+            r = simulate(spec, d, hand_model(d, spec.tp), seed=args.seed, record=False)
+            s = r.metrics.summary
+            e2e = f"{s.e2e_mean_s:7.1f}" if s.e2e_mean_s is not None else "      -"
+            print(f"{spec.name[-44:]:44s} successes {s.successes:5d} failures {s.failures:5d} E2E {e2e} s "
+                  f"preemptions {r.total_preemptions}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
