@@ -3,8 +3,10 @@
 The rule (``recommend``), in the order it is applied:
 
 1. **Error to compare.** Each entry's error is the worst of the errors it was scored
-   on: ``max(step_mape, e2e_error, ttft_error, itl_error)``, using only those of the
-   four objectives that *every* candidate carries (so a model is never preferred just
+   on: ``max(step_mape, e2e_error_max, ttft_error_max, itl_error_max)`` (the ``_max``
+   latency errors are the worst experiment's; where an entry has only the mean,
+   ``e2e_error`` etc., that is used), using only those of the four objectives that
+   *every* candidate carries (so a model is never preferred just
    because it was not replayed end to end). A model that predicts steps well but
    replays latencies badly is thus judged by the latency it gets wrong — the
    recommended model is the one to ship, not the best per-step fit.
@@ -20,8 +22,8 @@ The rule (``recommend``), in the order it is applied:
    dividing by the log step makes the score independent of how complexity is counted
    — a step from 5 to 10 nodes costs as much as one from 20 to 40.) Errors are
    floored at 1e-12 and complexities at 1 so the logs stay finite.
-4. **Accuracy gate.** Only entries with error <= 1.5 x the lowest error on the front
-   are eligible (as in PySR): a big relative gain at a crude model does not win.
+4. **Accuracy gate.** Only entries with error <= 1.25 x the lowest error on the front
+   are eligible (PySR uses 1.5; a model to ship should give away little accuracy): a big relative gain at a crude model does not win.
 5. **Choice.** The eligible entry with the highest score; ties (scores equal to
    1e-9 relative) go to lower complexity, then to the smaller id, so the choice is
    deterministic.
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 from archive.entry import ArchiveEntry
 
 ERROR_OBJECTIVES = ("step_mape", "e2e_error", "ttft_error", "itl_error")
-ACCURACY_GATE = 1.5  # eligible: error <= ACCURACY_GATE * lowest error on the front
+ACCURACY_GATE = 1.25  # eligible: error <= ACCURACY_GATE * lowest error on the front
 _ERROR_FLOOR = 1e-12
 _SCORE_TIE = 1e-9  # relative
 
@@ -49,19 +51,26 @@ class Ranked:
     eligible: bool  # within the accuracy gate
 
 
+def _key_for(entry: ArchiveEntry, k: str) -> str | None:
+    """The objective behind error ``k``: its worst-experiment variant when present."""
+    if k != "step_mape" and f"{k}_max" in entry.objectives:
+        return f"{k}_max"
+    return k if k in entry.objectives else None
+
+
 def error_keys(entries: list[ArchiveEntry]) -> tuple[str, ...]:
     """The error objectives every entry carries (in ERROR_OBJECTIVES order)."""
-    keys = [k for k in ERROR_OBJECTIVES if all(k in e.objectives for e in entries)]
+    keys = [k for k in ERROR_OBJECTIVES if all(_key_for(e, k) for e in entries)]
     return tuple(keys)
 
 
 def combined_error(entry: ArchiveEntry, keys: tuple[str, ...] | None = None) -> float:
     """Worst-case error over ``keys`` (default: the error objectives the entry has); NaN if none."""
-    keys = keys if keys is not None else tuple(k for k in ERROR_OBJECTIVES if k in entry.objectives)
+    keys = keys if keys is not None else tuple(k for k in ERROR_OBJECTIVES if _key_for(entry, k))
     values = []
     for k in keys:
         try:
-            v = abs(float(entry.objectives[k]))  # a signed bias error counts by its size
+            v = abs(float(entry.objectives[_key_for(entry, k) or k]))  # a signed bias error counts by its size
         except (KeyError, TypeError, ValueError):
             return math.nan
         values.append(v)

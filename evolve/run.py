@@ -15,6 +15,7 @@ from primitives.registry import supported_primitives
 from primitives.traces import default_data_dir, load_steps
 
 from .config import RunConfig
+from .expression import linear_model_sympy, to_infix
 from .search import CHECKPOINT_NAME, Evaluator, Search, entry_from
 
 RUN_CONFIG_NAME = "run.json"
@@ -48,17 +49,66 @@ def _resume_config(config: RunConfig) -> RunConfig:
 
 
 def prepare_context(config: RunConfig, resolver: DeploymentResolver):
-    """Data -> primitive columns (and replay rows) -> the fitness context."""
+    """Data -> primitive columns -> the fitness context (replay rows come separately)."""
     paths = config.data or [str(default_data_dir())]
     data = load_steps([Path(p) for p in paths])
     names = supported_primitives(data.available_features)
     table = build_step_table(data, resolver, names, config.validation_fraction)
-    replay = None
-    if config.experiments:
-        from fitness.replay_context import build_replay_rows
+    return FitnessContext(table, None, config.replay_weight), names, data
 
-        replay = build_replay_rows(Path(config.experiments), resolver, table, names, config)
-    return FitnessContext(table, replay), names, data
+
+def replay_rows_for(config: RunConfig, resolver: DeploymentResolver, ctx: FitnessContext, names: list[str],
+                    replay_model: tuple[str, dict] | None, ui):
+    """Replay rows from the closed loop of ``replay_model``, or calibrated from scratch.
+
+    Calibration: the reference physics records first trajectories; the best seed is
+    fitted on them and drives the closed loop again, ``calibration_rounds`` times, so
+    the search starts from batches close to what a fitted model produces.
+    Returns (rows, the model that recorded them).
+    """
+    from fitness.replay_context import build_replay_rows, refresh_replay_rows
+
+    exp_dir = Path(config.experiments)
+    if replay_model is not None:
+        ui.log("re-recording trajectories of the checkpointed replay model")
+        return refresh_replay_rows(exp_dir, resolver, _model_entry(replay_model), names, config.seed, config.jobs), replay_model
+    ui.log("recording reference trajectories (closed loop, every experiment)")
+    rows = build_replay_rows(exp_dir, resolver, ctx.steps, names, config)
+    for r in range(config.calibration_rounds):
+        trial = FitnessContext(ctx.steps, rows, config.replay_weight)
+        _, score = _best_seed(trial, names)
+        replay_model = _replay_model_of(score)
+        ui.log(f"calibration {r + 1}/{config.calibration_rounds}: replay error {score.replay_error:.3f}; re-recording")
+        rows = refresh_replay_rows(exp_dir, resolver, _model_entry(replay_model), names, config.seed, config.jobs)
+    return rows, replay_model
+
+
+def _replay_model_of(score) -> tuple[str, dict]:
+    """(expression, overheads) of a scored candidate: what drives a closed loop."""
+    return to_infix(linear_model_sympy(score.terms, score.coefficients, score.intercept)), dict(score.overheads)
+
+
+def _model_entry(replay_model: tuple[str, dict]):
+    """What the closed loop needs of a model: its expression and overheads."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(expression=replay_model[0], overheads=replay_model[1])
+
+
+def _best_seed(ctx: FitnessContext, names: list[str]):
+    from deap import gp
+
+    from fitness.scoring import score_program
+    from seeds import seeds_for
+
+    from .search import build_pset, search_error, tree_to_program
+
+    pset = build_pset(names)
+    scored = []
+    for _, text in sorted(seeds_for(names).items()):
+        program = tree_to_program(gp.PrimitiveTree.from_string(text, pset))
+        scored.append((program, score_program(program, ctx)))
+    return min(scored, key=lambda it: search_error(it[1]))
 
 
 def run_search(config: RunConfig, ui) -> list:
@@ -70,6 +120,8 @@ def run_search(config: RunConfig, ui) -> list:
     )
     ctx, names, data = prepare_context(config, resolver)
     fingerprint = ctx.steps.fingerprint
+    if config.experiments:
+        fingerprint = f"{fingerprint}+{_experiments_fingerprint(Path(config.experiments))}"
 
     root = Path(config.run_dir) if config.run_dir else default_run_dir(config.seed)
     try:
@@ -89,13 +141,21 @@ def run_search(config: RunConfig, ui) -> list:
     with ArchiveStore(run_dir.archive) as store:
         store.start_run(run_id, config.to_dict(), config.seed, fingerprint)
         with Evaluator(ctx, config.jobs, config.backend, config.scheduler) as evaluator:
-            search = Search(config, ctx, names, evaluator)
             t0 = time.perf_counter()
-            if config.resume and (root / CHECKPOINT_NAME).is_file():
+            resuming = bool(config.resume) and (root / CHECKPOINT_NAME).is_file()
+            replay_model = None
+            if config.experiments:
+                saved = Search.peek_checkpoint(root).replay_model if resuming else None
+                rows, replay_model = replay_rows_for(config, resolver, ctx, names, saved, ui)
+                ctx = FitnessContext(ctx.steps, rows, config.replay_weight)
+                evaluator.reset(ctx)
+            search = Search(config, ctx, names, evaluator)
+            if resuming:
                 search.load_checkpoint(root)
                 ui.log(f"resumed {root} at generation {search.state.generation}")
             else:
                 search.initialise()
+                search.state.replay_model = replay_model
                 search.save_checkpoint(root)
             ui.start(config.generations, config.time_limit_s)
             evals_at, time_at = search.state.evaluations, time.perf_counter()
@@ -106,6 +166,9 @@ def run_search(config: RunConfig, ui) -> list:
                         status = "time-limit"
                         break
                     search.step()
+                    if config.experiments and search.state.generation % _refresh_every(config) == 0 \
+                            and search.state.generation < config.generations:
+                        _refresh(search, config, resolver, names, ui)
                     now = time.perf_counter()
                     rate = (search.state.evaluations - evals_at) / max(now - time_at, 1e-9)
                     ui.update(search.state.generation, search.best_error(), len(search.front()), rate)
@@ -134,6 +197,33 @@ def run_search(config: RunConfig, ui) -> list:
             store.finish_run(run_id, summary, status="finished" if status == "finished" else "interrupted")
     ui.finish(entries, summary)
     return entries
+
+
+def _refresh_every(config: RunConfig) -> int:
+    return config.refresh_every or max(config.generations // 3, 1)
+
+
+def _refresh(search: Search, config: RunConfig, resolver, names: list[str], ui) -> None:
+    """Re-record the trajectories with the current best model (closed loop), rescore."""
+    from fitness.replay_context import refresh_replay_rows
+
+    model = _replay_model_of(search.best_item()[1])
+    ui.log(f"generation {search.state.generation}: refreshing trajectories with the current best model")
+    rows = refresh_replay_rows(Path(config.experiments), resolver, _model_entry(model), names, config.seed, config.jobs)
+    search.replace_context(FitnessContext(search.ctx.steps, rows, config.replay_weight))
+    search.state.replay_model = model
+
+
+def _experiments_fingerprint(directory: Path) -> str:
+    """Names and observed results of the experiments the run is scored against."""
+    import hashlib
+
+    from fitness.replay_context import scored_experiments
+
+    h = hashlib.sha256()
+    for spec in scored_experiments(directory):
+        h.update(repr((spec.name, spec.model, spec.tp, spec.stages, spec.observed)).encode())
+    return h.hexdigest()[:12]
 
 
 def _record(store: ArchiveStore, search: Search, meta: dict) -> list:

@@ -397,6 +397,11 @@ class Search:
             os.fsync(fh.fileno())
         os.replace(tmp, run_dir / CHECKPOINT_NAME)
 
+    @staticmethod
+    def peek_checkpoint(run_dir: Path) -> SearchState:
+        with open(run_dir / CHECKPOINT_NAME, "rb") as fh:
+            return pickle.load(fh)["state"]
+
     def load_checkpoint(self, run_dir: Path) -> None:
         with open(run_dir / CHECKPOINT_NAME, "rb") as fh:
             payload = pickle.load(fh)

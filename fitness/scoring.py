@@ -11,6 +11,8 @@ intercepts, the primitives carry the differences.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable, Mapping
 
 import numpy as np
 from scipy.optimize import nnls
@@ -71,19 +73,20 @@ class Score:
         return self.train_error < WORST
 
 
-def model_complexity(terms: list[Program], coefficients: list[float], intercept: float) -> int:
+def model_complexity(term_sizes: list[int], coefficients: list[float], intercept: float) -> int:
     """Nodes of the fitted expression: each kept term plus its coefficient and product,
     the additions joining them, and the intercept with its addition."""
-    kept = [t for t, c in zip(terms, coefficients) if c > 0]
-    size = sum(len(t) + 2 for t in kept) + max(len(kept) - 1, 0)
+    kept = [n for n, c in zip(term_sizes, coefficients) if c > 0]
+    size = sum(n + 2 for n in kept) + max(len(kept) - 1, 0)
     if intercept > 0:
         size += 2 if kept else 1
     return max(size, 1)
 
 
-def _worst(program: Program) -> Score:
-    terms = additive_terms(program)
-    return Score(WORST, WORST, len(program) + 2 * len(terms), terms, [0.0] * len(terms), 0.0)
+def _worst(program: Program | None = None) -> Score:
+    terms = additive_terms(program) if program is not None else []
+    size = len(program) + 2 * len(terms) if program is not None else 1
+    return Score(WORST, WORST, size, terms, [0.0] * len(terms), 0.0)
 
 
 def _ape(pred: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -141,12 +144,35 @@ def _nnls_normal(A: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     return theta
 
 
+TermFn = Callable[[Mapping[str, np.ndarray], int], np.ndarray]
+
+
 def score_program(program: Program, ctx: FitnessContext, detail: bool = False) -> Score:
     """Fit and score one candidate. Never raises on numeric trouble: NaN/inf -> WORST.
 
     ``detail`` adds per-experiment medians (for the archive), which the search skips.
     """
     terms = additive_terms(program)
+    fns = [partial(_program_term, t) for t in terms]
+    score = fit_terms(fns, ctx, detail, [len(t) for t in terms])
+    if not score.ok:
+        return _worst(program)
+    score.terms = terms
+    return score
+
+
+def _program_term(term: Program, columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+    return evaluate_program(term, columns, n)
+
+
+def fit_terms(term_fns: list[TermFn], ctx: FitnessContext, detail: bool = False,
+              term_sizes: list[int] | None = None) -> Score:
+    """Fit ``intercept + sum(coef_i * term_i)`` (coefficients >= 0) and measure its errors.
+
+    Each term is a function of primitive columns; the search passes evolved programs,
+    leave-one-model-out passes the terms of an archived expression.
+    """
+    terms = list(term_fns)
     st = ctx.steps
     k = len(terms)
     n_over = len(OVERHEAD_COLUMNS) if ctx.replay is not None else 0
@@ -159,10 +185,10 @@ def score_program(program: Program, ctx: FitnessContext, detail: bool = False) -
         prep = _prep(st)
         step_X = np.empty((st.n, k + 1))
         for j, t in enumerate(terms):
-            step_X[:, j] = evaluate_program(t, st.columns, st.n)
+            step_X[:, j] = t(st.columns, st.n)
         step_X[:, k] = 1.0
         if not np.isfinite(step_X).all():
-            return _worst(program)
+            return _worst()
         a = step_X[prep.train] * prep.w[:, None]
         if n_over:
             a = np.hstack([a, np.zeros((len(a), n_over))])
@@ -181,10 +207,10 @@ def score_program(program: Program, ctx: FitnessContext, detail: bool = False) -
             n_e = rp.weights[e].shape[1]
             T = np.empty((n_e, k + 1))
             for j, t in enumerate(terms):
-                T[:, j] = evaluate_program(t, cols, n_e)
+                T[:, j] = t(cols, n_e)
             T[:, k] = 1.0
             if not np.isfinite(T).all():
-                return _worst(program)
+                return _worst()
             rows = np.hstack([rp.weights[e] @ T, rp.overhead[e]])
             for i, m in enumerate(REPLAY_METRICS):
                 if np.isfinite(obs[i]) and obs[i] > 0:
@@ -199,12 +225,12 @@ def score_program(program: Program, ctx: FitnessContext, detail: bool = False) -
     A = np.vstack(blocks_a) if len(blocks_a) > 1 else blocks_a[0]
     b = np.concatenate(blocks_b)
     if not np.isfinite(A).all():
-        return _worst(program)
+        return _worst()
     theta = _nnls_normal(A, b)
     if theta is None:
-        return _worst(program)
+        return _worst()
     coefs, intercept, over = theta[:k], float(theta[k]), theta[k + 1 :]
-    complexity = model_complexity(terms, list(coefs), intercept)
+    complexity = model_complexity(term_sizes or [1] * k, list(coefs), intercept)
 
     objectives: dict[str, float] = {"complexity": float(complexity)}
     per_exp: dict[str, dict[str, float]] = {}
@@ -212,7 +238,7 @@ def score_program(program: Program, ctx: FitnessContext, detail: bool = False) -
     if st is not None:
         pred = step_X @ theta[: k + 1]
         if not np.isfinite(pred).all() or (pred <= 0).any():
-            return _worst(program)
+            return _worst()
         ape = _ape(pred, st.cycle_time_us)
         tr_m = np.bincount(prep.exp_train, weights=ape[prep.train], minlength=prep.n_exp) / prep.n_train
         va_m = np.bincount(prep.exp_val, weights=ape[prep.val_rows], minlength=prep.n_exp) / prep.n_val

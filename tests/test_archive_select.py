@@ -19,13 +19,13 @@ def e(eid: str, complexity: int, **objectives: float) -> ArchiveEntry:
 def test_largest_log_drop_per_log_complexity_wins():
     front = [
         e("a", 1, step_mape=0.50),
-        e("b", 3, step_mape=0.12),  # big drop from a: ln(0.5/0.12)/ln(3) = 1.30
+        e("b", 3, step_mape=0.11),  # big drop from a: ln(0.5/0.11)/ln(3) = 1.38
         e("c", 6, step_mape=0.10),  # ln(1.2)/ln(2) = 0.26
         e("d", 12, step_mape=0.09),  # ln(0.1/0.09)/ln(2) = 0.15
     ]
     scores = {r.entry.id: r.score for r in rank(front)}
     assert scores["a"] == 0.0
-    assert scores["b"] == pytest.approx(math.log(0.5 / 0.12) / math.log(3))
+    assert scores["b"] == pytest.approx(math.log(0.5 / 0.11) / math.log(3))
     assert recommend(front).id == "b"
 
 
@@ -71,8 +71,8 @@ def test_dominated_and_non_finite_entries_are_ignored():
 
 
 def test_ties_go_to_lower_complexity_then_id():
-    # b and c both cut the error by 4/3 per doubling of complexity, and both pass the gate
-    front = [e("a", 1, step_mape=0.2), e("b", 2, step_mape=0.15), e("c", 4, step_mape=0.1125)]
+    # b and c both cut the error by 8/7 per doubling of complexity, and both pass the gate
+    front = [e("a", 1, step_mape=0.2), e("b", 2, step_mape=0.175), e("c", 4, step_mape=0.153125)]
     scores = [r.score for r in rank(front)]
     assert scores[1] == pytest.approx(scores[2])
     assert recommend(front).id == "b"

@@ -1,0 +1,184 @@
+"""Checkpoint and resume at the run level: SIGKILL a real `python -m evolve run`.
+
+A run killed mid-generation and continued with ``--resume`` must end with the very
+same archive as an uninterrupted run of the same seed (ids, expressions, objectives,
+generations found: bit for bit), and no kill may ever leave a corrupt archive or
+checkpoint behind.
+"""
+import json
+import os
+import pickle
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+GENERATIONS = 10
+POPULATION = 60
+SEED = 7
+
+
+def _tiny_trace(path: Path) -> None:
+    """Two experiments in the real flat schema; cycle = 8000 + 60*decode (+ a prefill term)."""
+    rng = np.random.default_rng(1)
+    frames = []
+    for exp, model, tp in (("tiny-a", "llama-2-7b", 1), ("tiny-b", "codellama-34b", 2)):
+        n = 300
+        decode = rng.integers(1, 100, n)
+        prefill = rng.choice([0, 0, 0, 512], n)
+        cycle_us = 8000 * tp + 60 * decode + 3 * prefill
+        ts = np.concatenate([[0], np.cumsum(cycle_us)[:-1]]) * 1000
+        frames.append(pd.DataFrame({
+            "experiment_id": exp, "model": model, "tp": tp, "step.id": np.arange(n), "step.ts_start_ns": ts,
+            "step.duration_us": 300, "batch.prefill_tokens": prefill, "batch.decode_tokens": decode,
+            "batch.num_prefill_reqs": (prefill > 0).astype(int), "batch.num_decode_reqs": decode,
+            "kv.blocks_total_gpu": 7000, "kv.blocks_free_gpu": 7000 - decode * 40,
+        }))
+    pd.concat(frames).to_csv(path, index=False)
+
+
+def _run_cmd(run_dir: str, checkpoint_every: int) -> list[str]:
+    return [sys.executable, "-m", "evolve", "run", "--generations", str(GENERATIONS), "--population", str(POPULATION),
+            "--data", "trace.csv", "--seed", str(SEED), "--checkpoint-every", str(checkpoint_every), "--run-dir", run_dir]
+
+
+def _resume_cmd(run_dir: str) -> list[str]:
+    return [sys.executable, "-m", "evolve", "run", "--generations", str(GENERATIONS), "--resume", run_dir]
+
+
+def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "evolve", *args], cwd=cwd, env=ENV, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _last_generation(run_dir: Path) -> int | None:
+    """Highest recorded generation, read through a read-only connection (never blocks the writer)."""
+    db = run_dir / "archive.sqlite"
+    if not db.is_file():
+        return None
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            return con.execute("SELECT max(generation) FROM generations").fetchone()[0]
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return None
+
+
+def _checkpoint_generation(run_dir: Path) -> int | None:
+    path = run_dir / "checkpoint.pkl"
+    if not path.is_file():
+        return None
+    with open(path, "rb") as fh:
+        return pickle.load(fh)["state"].generation  # a torn checkpoint would raise here
+
+
+def _start(cmd: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _kill_after(proc: subprocess.Popen, run_dir: Path, min_generation: int, extra_s: float) -> None:
+    """SIGKILL the run once the archive holds ``min_generation`` (plus ``extra_s``)."""
+    deadline = time.monotonic() + 120
+    while (_last_generation(run_dir) or -1) < min_generation:
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended (status {proc.returncode}) before generation {min_generation}: "
+                        f"{proc.stderr.read().decode()[-2000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("the run made no progress within 120 s")
+        time.sleep(0.02)
+    time.sleep(extra_s)
+    if proc.poll() is not None:
+        pytest.fail("the run finished before it could be killed; make it longer")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()
+
+
+def _archive(run_dir: str, cwd: Path, everything: bool = False) -> list[tuple]:
+    res = _cli(["archive", "list", "--json", "--run-dir", run_dir, *(["--all"] if everything else [])], cwd)
+    assert res.returncode == 0, res.stderr
+    entries = json.loads(res.stdout)
+    # run_id names the run directory, which differs on purpose; everything else must match
+    return [(e["id"], e["expression"], e["simplified"], e["complexity"], e["objectives"], e["generation"],
+             e["constants"], e["on_front"]) for e in entries]
+
+
+def _integrity(run_dir: Path) -> str:
+    con = sqlite3.connect(str(run_dir / "archive.sqlite"))
+    try:
+        return con.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("resume")
+    _tiny_trace(d / "trace.csv")
+    return d
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(workdir):
+    res = subprocess.run(_run_cmd("runs/whole", 2), cwd=workdir, env=ENV, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    return _archive("runs/whole", workdir), _archive("runs/whole", workdir, everything=True)
+
+
+def test_killed_then_resumed_run_equals_an_uninterrupted_one(workdir, uninterrupted):
+    run_dir = workdir / "runs" / "killed"
+    proc = _start(_run_cmd("runs/killed", 2), workdir)
+    _kill_after(proc, run_dir, min_generation=4, extra_s=0.15)  # inside generation 5 or 6
+    killed_at = _checkpoint_generation(run_dir)
+    assert killed_at is not None and 4 <= killed_at < GENERATIONS
+    assert _integrity(run_dir) == "ok"
+
+    res = subprocess.run(_resume_cmd("runs/killed"), cwd=workdir, env=ENV, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert _checkpoint_generation(run_dir) == GENERATIONS
+
+    front, everything = uninterrupted
+    assert _archive("runs/killed", workdir) == front
+    assert _archive("runs/killed", workdir, everything=True) == everything
+
+
+def test_repeated_kills_never_corrupt_the_archive_or_the_checkpoint(workdir, uninterrupted):
+    """Checkpoint (and record) every generation, kill at staggered moments, resume each time."""
+    run_dir = workdir / "runs" / "stormy"
+    proc = _start(_run_cmd("runs/stormy", 1), workdir)
+    _kill_after(proc, run_dir, min_generation=1, extra_s=0.0)
+    # staggered delays so that kills land in scoring, in sympy, in sqlite writes and in fsync
+    for i, extra in enumerate((0.05, 0.31, 0.17)):
+        assert _integrity(run_dir) == "ok", f"archive corrupt after kill {i}"
+        done = _checkpoint_generation(run_dir)  # loads: never a torn pickle
+        assert done is not None
+        proc = _start(_resume_cmd("runs/stormy"), workdir)
+        try:
+            _kill_after(proc, run_dir, min_generation=min(done + 1, GENERATIONS - 2), extra_s=extra)
+        except pytest.fail.Exception:
+            proc.kill()
+            raise
+    assert _integrity(run_dir) == "ok"
+    res = subprocess.run(_resume_cmd("runs/stormy"), cwd=workdir, env=ENV, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert _integrity(run_dir) == "ok"
+    # checkpointing every generation records more generations, but the last front is the same
+    front, _ = uninterrupted
+    assert _archive("runs/stormy", workdir) == front
+    con = sqlite3.connect(str(run_dir / "archive.sqlite"))
+    gens = [g for (g,) in con.execute("SELECT generation FROM generations ORDER BY generation")]
+    status = con.execute("SELECT status FROM runs").fetchall()
+    con.close()
+    assert gens == list(range(1, GENERATIONS + 1))
+    assert status == [("finished",)]
