@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from archive.entry import ArchiveEntry
-from primitives.errors import InputError
+from primitives.errors import InputError, writable_dir
 
 PROG = "python -m evolve"
 
@@ -496,17 +496,59 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
+def _validation_table(result: dict, title: str):
+    """Predicted against observed per experiment: the figures a user checks first."""
+    from rich.table import Table
+
+    def pct(v):
+        if v is None:
+            return "—"
+        colour = "green" if abs(v) <= 0.10 else ("yellow" if abs(v) <= 0.15 else "red")
+        return f"[{colour}]{v * 100:+.1f}%[/]"
+
+    def num(v, scale=1.0, fmt="{:.3f}"):
+        return "—" if v is None else fmt.format(v * scale)
+
+    t = Table(title=title)
+    for col, just in [("experiment", "left"), ("E2E s pred/obs", "right"), ("err", "right"),
+                      ("TTFT ms pred/obs", "right"), ("err", "right"), ("ITL ms pred/obs", "right"),
+                      ("err", "right"), ("failures pred/obs", "right")]:
+        t.add_column(col, justify=just)
+    for it in result.get("experiments", []):
+        name = it["name"].split("-", 2)[-1] if it["name"][:8].isdigit() else it["name"]
+        if it.get("held_out_model"):
+            name += " (held out)"
+        t.add_row(
+            name,
+            f"{num(it['e2e_mean_pred_s'])} / {num(it['e2e_mean_obs_s'])}", pct(it["e2e_error"]),
+            f"{num(it['ttft_mean_pred_s'], 1e3, '{:.1f}')} / {num(it['ttft_mean_obs_s'], 1e3, '{:.1f}')}",
+            pct(it["ttft_error"]),
+            f"{num(it['itl_mean_pred_s'], 1e3, '{:.2f}')} / {num(it['itl_mean_obs_s'], 1e3, '{:.2f}')}",
+            pct(it["itl_error"]),
+            f"{it['failures_pred']} / {'—' if it['failures_obs'] is None else it['failures_obs']}",
+        )
+    return t
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     _must_exist(args.experiments, "--experiments", "dir")
     _check_writable_file(args.json, "--json")
     entry = _get_entry(args.run_dir, args.id)
     resolver = _resolver(args)
     validate_entry = _lazy("fitness.validate", "validate_entry")
-    result = validate_entry(entry, str(args.experiments), bool(args.lomo), resolver)
+    console = _console()
+    what = "leave-one-model-out refits and closed-loop runs" if args.lomo else "closed-loop runs"
+    with console.status(f"{entry.id}: {what} of every experiment under {args.experiments} ..."):
+        result = validate_entry(entry, str(args.experiments), bool(args.lomo), resolver)
     if args.json:
         _write_json(args.json, {"id": entry.id, "expression": entry.expression, "lomo": bool(args.lomo), **dict(result)})
     title = f"Validation of {entry.id}" + (" (leave one model out)" if args.lomo else "")
-    _render_result(_console(), dict(result), title)
+    console.print(_validation_table(result, title))
+    summary = result.get("summary", {})
+    console.print(_rows_table([{"name": k, "value": v} for k, v in summary.items() if not isinstance(v, dict)],
+                              title="summary (absolute errors over experiments with results)"))
+    if result.get("plot"):
+        console.print(f"plot: {result['plot']}")
     return 0
 
 
@@ -532,15 +574,7 @@ def cmd_export_go(args: argparse.Namespace) -> int:
             f"(the run's first deployment, experiment {first.experiment}; "
             + (f"others: --model {', --model '.join(others)})" if others else "the run's only one)")
         )
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise InputError(out, "--out", "exists and is not a directory")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(out, "--out", f"cannot create ({exc.strerror or exc})") from None
-    if not os.access(out, os.W_OK):
-        raise InputError(out, "--out", "cannot write: permission denied")
+    out = writable_dir(args.out, "--out")
     export_go = _lazy("translate_go.export", "export_go")
     written = export_go(entry, deployment, out, args.package, args.interface)
     if isinstance(written, (str, os.PathLike)):

@@ -151,26 +151,35 @@ def additive_terms(program: Program) -> list[Program]:
     return [program]
 
 
-def canonical(program: Program) -> str:
-    """A string equal for programs that differ only in the order of commutative args."""
+def fold(program: Program, leaf: Callable, node: Callable):
+    """Bottom-up over a program: ``leaf(kind, value)`` for terminals, ``node(op, args)``."""
 
-    def rec(start: int) -> tuple[str, int]:
+    def rec(start: int):
         kind, value = program[start]
-        if kind == "var":
-            return value, start + 1
-        if kind == "const":
-            return repr(float(value)), start + 1
+        if kind != "op":
+            return leaf(kind, value), start + 1
         op = OPERATORS[value]
         args = []
         i = start + 1
         for _ in range(op.arity):
-            s, i = rec(i)
-            args.append(s)
-        if op.commutative:
-            args.sort()
-        return f"{value}({','.join(args)})", i
+            a, i = rec(i)
+            args.append(a)
+        return node(op, args), i
 
     return rec(0)[0]
+
+
+def _canonical_leaf(kind: str, value) -> str:
+    return value if kind == "var" else repr(float(value))
+
+
+def _canonical_node(op: Operator, args: list[str]) -> str:
+    return f"{op.name}({','.join(sorted(args) if op.commutative else args)})"
+
+
+def canonical(program: Program) -> str:
+    """A string equal for programs that differ only in the order of commutative args."""
+    return fold(program, _canonical_leaf, _canonical_node)
 
 
 def variables(program: Program) -> list[str]:
@@ -206,22 +215,12 @@ def symbol(name: str) -> sp.Symbol:
     return sp.Symbol(name, nonnegative=True)
 
 
-def program_to_sympy(program: Program) -> sp.Expr:
-    def rec(start: int) -> tuple[sp.Expr, int]:
-        kind, value = program[start]
-        if kind == "var":
-            return symbol(value), start + 1
-        if kind == "const":
-            return sp.Float(float(value)), start + 1
-        op = OPERATORS[value]
-        args = []
-        i = start + 1
-        for _ in range(op.arity):
-            a, i = rec(i)
-            args.append(a)
-        return op.sympy_fn(*args), i
+def _sympy_leaf(kind: str, value) -> sp.Expr:
+    return symbol(value) if kind == "var" else sp.Float(float(value))
 
-    return rec(0)[0]
+
+def program_to_sympy(program: Program) -> sp.Expr:
+    return fold(program, _sympy_leaf, lambda op, args: op.sympy_fn(*args))
 
 
 def linear_model_sympy(terms: Sequence[Program], coefficients: Sequence[float], intercept: float) -> sp.Expr:

@@ -10,7 +10,7 @@ from archive.store import ArchiveStore, RunDir, default_run_dir, record_latest
 from fitness.dataset import build_step_table
 from fitness.scoring import FitnessContext
 from primitives.deployment import DeploymentResolver
-from primitives.errors import InputError
+from primitives.errors import InputError, writable_dir
 from primitives.registry import supported_primitives
 from primitives.traces import default_data_dir, load_steps
 
@@ -74,13 +74,21 @@ def replay_rows_for(config: RunConfig, resolver: DeploymentResolver, ctx: Fitnes
         return refresh_replay_rows(exp_dir, resolver, _model_entry(replay_model), names, config.seed, config.jobs), replay_model
     ui.log("recording reference trajectories (closed loop, every experiment)")
     rows = build_replay_rows(exp_dir, resolver, ctx.steps, names, config)
+    recorded_by: tuple[str, dict] | None = None
+    _, score = _best_seed(FitnessContext(ctx.steps, rows, config.replay_weight), names)
+    best = (score.replay_error, rows, recorded_by)
     for r in range(config.calibration_rounds):
-        trial = FitnessContext(ctx.steps, rows, config.replay_weight)
-        _, score = _best_seed(trial, names)
-        replay_model = _replay_model_of(score)
-        ui.log(f"calibration {r + 1}/{config.calibration_rounds}: replay error {score.replay_error:.3f}; re-recording")
-        rows = refresh_replay_rows(exp_dir, resolver, _model_entry(replay_model), names, config.seed, config.jobs)
-    return rows, replay_model
+        model = _replay_model_of(score)
+        ui.log(f"calibration {r + 1}/{config.calibration_rounds}: best seed's replay error {score.replay_error:.3f};"
+               " re-recording with it")
+        rows = refresh_replay_rows(exp_dir, resolver, _model_entry(model), names, config.seed, config.jobs)
+        _, score = _best_seed(FitnessContext(ctx.steps, rows, config.replay_weight), names)
+        if not score.replay_error < best[0]:
+            # near saturation the fixed point can overshoot: keep the better trajectories
+            ui.log(f"calibration {r + 1}: replay error {score.replay_error:.3f} is no better; keeping the previous")
+            break
+        best = (score.replay_error, rows, model)
+    return best[1], best[2]
 
 
 def _replay_model_of(score) -> tuple[str, dict]:
@@ -123,13 +131,7 @@ def run_search(config: RunConfig, ui) -> list:
     if config.experiments:
         fingerprint = f"{fingerprint}+{_experiments_fingerprint(Path(config.experiments))}"
 
-    root = Path(config.run_dir) if config.run_dir else default_run_dir(config.seed)
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(root, "--run-dir", f"cannot create the run directory ({exc.strerror})") from None
-    if not os.access(root, os.W_OK):
-        raise InputError(root, "--run-dir", "the run directory is not writable")
+    root = writable_dir(Path(config.run_dir) if config.run_dir else default_run_dir(config.seed), "--run-dir")
     run_dir = RunDir(root)
     run_id = root.name
     config.run_dir = str(root)

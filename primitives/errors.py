@@ -15,3 +15,20 @@ class InputError(Exception):
         self.expected = expected
         where = self.path if field is None else f"{self.path}: {field}"
         super().__init__(f"{where}: {expected}")
+
+
+def writable_dir(path, option: str):
+    """Create ``path`` if needed and make sure we can write there; else one-line InputError."""
+    import os
+    from pathlib import Path
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InputError(path, option, "exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(path, option, f"cannot create the directory ({exc.strerror or exc})") from None
+    if not os.access(path, os.W_OK):
+        raise InputError(path, option, "cannot write there: permission denied")
+    return path

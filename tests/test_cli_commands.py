@@ -149,15 +149,20 @@ def test_unwritable_json_fails_before_work(project: Path, monkeypatch, capsys):
 def test_validate(project: Path, monkeypatch, capsys):
     def validate_entry(entry, experiments_dir, lomo, resolver):
         assert lomo is True and experiments_dir == "exps"
-        return {"e2e_error": 0.07, "experiments": [{"experiment": "a", "e2e_error": 0.05, "ttft_error": 0.1}]}
+        item = {"name": "a", "e2e_mean_pred_s": 1.05, "e2e_mean_obs_s": 1.0, "e2e_error": 0.05,
+                "ttft_mean_pred_s": 0.022, "ttft_mean_obs_s": 0.02, "ttft_error": 0.1,
+                "itl_mean_pred_s": None, "itl_mean_obs_s": None, "itl_error": None,
+                "failures_pred": 0, "failures_obs": 0}
+        return {"summary": {"e2e_error_mean": 0.07}, "experiments": [item]}
 
     fake_module(monkeypatch, "fitness.validate", validate_entry=validate_entry)
     (project / "exps").mkdir()
     assert main(["validate", ENTRY.id, "--experiments", "exps", "--lomo", "--json", "v.json"]) == 0
     saved = json.loads((project / "v.json").read_text())
-    assert saved["lomo"] is True and saved["e2e_error"] == 0.07 and saved["id"] == ENTRY.id
+    assert saved["lomo"] is True and saved["summary"]["e2e_error_mean"] == 0.07 and saved["id"] == ENTRY.id
+    assert saved["experiments"][0]["itl_error"] is None
     out = " ".join(capsys.readouterr().out.split())  # (table titles wrap)
-    assert "7.00%" in out and "leave one model out" in out
+    assert "+5.0%" in out and "+10.0%" in out and "leave one model out" in out
     assert main(["validate", ENTRY.id, "--experiments", "nowhere"]) == 2
     assert "no such directory" in one_error_line(capsys)
 

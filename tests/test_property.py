@@ -128,8 +128,10 @@ def _bounded_eval(program, columns, n):
                 # sqrt is not Lipschitz at 0: |sqrt(x+e) - sqrt(x)| <= min(e/(2 sqrt x), sqrt(e))
                 slope = np.where(r > 0, ea / np.where(r > 0, 2 * r, 1.0), np.inf)
                 return r, np.minimum(slope, np.sqrt(ea)) + U * r, ok
-            r = np.log1p(np.abs(a))  # plog, slope <= 1
-            return r, ea + U * r, ok
+            # plog, slope <= 1. The interpreter computes log1p(|a|); sympy and Go compute
+            # log(1 + |a|), whose rounding of 1 + |a| costs up to an ulp of 1 absolute.
+            r = np.log1p(np.abs(a))
+            return r, ea + U * r + U, ok
         a, ea, oka = rec()
         b, eb, okb = rec()
         ok = oka & okb

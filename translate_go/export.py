@@ -523,6 +523,7 @@ func closeUs(got, want float64) bool {{
 func TestGoldenStepTimes(t *testing.T) {{
 	m := NewModel()
 	tokens := make([]int, goldenMaxModelLen)
+	maxAbs, maxRel := 0.0, 0.0 // largest |Go - Python| over the finite cases, µs and relative
 	for b, want := range goldenCases {{
 		batch := goldenBatch(b, tokens)
 		if len(batch) != want.n || batchChecksum(batch) != want.sum {{
@@ -532,6 +533,12 @@ func TestGoldenStepTimes(t *testing.T) {{
 		got := stepTimeUs(batch)
 		if !closeUs(got, want.us) {{
 			t.Errorf("batch %d: stepTimeUs = %.17g, Python %.17g", b, got, want.us)
+		}}
+		if d := math.Abs(got - want.us); d > maxAbs {{ // NaN (non-finite cases) never compares greater
+			maxAbs = d
+		}}
+		if d := math.Abs(got-want.us) / math.Abs(want.us); d > maxRel {{
+			maxRel = d
 		}}
 		step := m.StepTime(batch)
 		if step != roundStepUs(got+stepFoldUs) {{
@@ -544,6 +551,7 @@ func TestGoldenStepTimes(t *testing.T) {{
 			t.Errorf("batch %d: StepTime = %d, Python expects %d", b, step, want.step)
 		}}
 	}}
+	t.Logf("max |Go - Python| over %d golden batches: %.3g µs (relative %.3g)", len(goldenCases), maxAbs, maxRel)
 }}
 
 func TestEmptyBatch(t *testing.T) {{
