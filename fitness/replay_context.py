@@ -41,17 +41,30 @@ class ExperimentTrajectory:
     overhead: np.ndarray
     fixed_us: np.ndarray
     observed_us: np.ndarray
+    labels: list[tuple[str, str]]
 
 
-def observed_us(spec: ExperimentSpec) -> np.ndarray:
-    out = np.full(len(REPLAY_METRICS), np.nan)
+def row_labels(spec: ExperimentSpec) -> list[tuple[str, str]]:
+    """(metric, scope) rows of an experiment: the whole run, plus each stage if several."""
+    scopes = ["all"] + ([f"stage_{i}" for i in range(len(spec.stages))] if len(spec.stages) > 1 else [])
+    return [(m, scope) for scope in scopes for m in REPLAY_METRICS]
+
+
+def observed_us(spec: ExperimentSpec, labels: list[tuple[str, str]]) -> np.ndarray:
+    out = np.full(len(labels), np.nan)
     if spec.observed is None:
         return out
-    for i, m in enumerate(REPLAY_METRICS):
-        v = getattr(spec.observed.summary, OBSERVED_FIELDS[m])
+    for i, (m, scope) in enumerate(labels):
+        src = spec.observed.summary if scope == "all" else _stage(spec.observed, scope)
+        v = getattr(src, OBSERVED_FIELDS[m]) if src is not None else None
         if v is not None:
             out[i] = float(v) * US
     return out
+
+
+def _stage(observed, scope: str):
+    i = int(scope.split("_")[1])
+    return observed.stages[i] if i < len(observed.stages) else None
 
 
 REFERENCE_EXPRESSION = (
@@ -80,11 +93,12 @@ def _trajectory(spec: ExperimentSpec, deployment, model, names: list[str], seed:
     traj = result.trajectory
     feats = traj.features()
     cols = primitive_columns(feats, deployment.constants, names)
-    forms = metric_weights(traj, stages=False)
+    labels = row_labels(spec)
+    forms = metric_weights(traj, stages=len(spec.stages) > 1)
     fixed_names = [n for n in Overheads.names() if n not in OVERHEAD_COLUMNS]
     weights, overhead, fixed = [], [], []
-    for m in REPLAY_METRICS:
-        w, const = forms[m]
+    for m, scope in labels:
+        w, const = forms[m if scope == "all" else f"{scope}/{m}"]
         weights.append(w)
         overhead.append([const.get(c, 0.0) for c in OVERHEAD_COLUMNS])
         # the overheads the search does not fit enter at the model's own values
@@ -93,7 +107,7 @@ def _trajectory(spec: ExperimentSpec, deployment, model, names: list[str], seed:
     return ExperimentTrajectory(
         name=spec.name, model=deployment.model.name, columns=cols, weights=weights,
         overhead=np.asarray(overhead, dtype=float), fixed_us=np.asarray(fixed, dtype=float),
-        observed_us=observed_us(spec),
+        observed_us=observed_us(spec, labels), labels=labels,
     )
 
 
@@ -133,6 +147,7 @@ def rows_from(trajs: list[ExperimentTrajectory]) -> ReplayRows:
         names=[t.name for t in trajs], models=[t.model for t in trajs], columns=[t.columns for t in trajs],
         weights=[t.weights for t in trajs], overhead=[t.overhead for t in trajs],
         fixed_us=[t.fixed_us for t in trajs], observed_us=[t.observed_us for t in trajs],
+        labels=[t.labels for t in trajs],
     )
 
 

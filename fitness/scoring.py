@@ -30,23 +30,26 @@ OVERHEAD_COLUMNS = ("queueing_base_us", "queueing_per_input_token_us")
 class ReplayRows:
     """Linear forms of the replayed means of each experiment (see fitness.replay.metric_weights).
 
-    For experiment e and metric m (REPLAY_METRICS order), in µs:
-    ``mean[e][m] = weights[e][m] @ step_time_us + overhead[e][m] @ theta + fixed_us[e][m]``,
+    Row i of experiment e is the mean of metric ``labels[e][i] = (metric, scope)`` over
+    the whole run (scope "all") or one load stage ("stage_0", ...), in µs:
+    ``mean = weights[e][i] @ step_time_us + overhead[e][i] @ theta + fixed_us[e][i]``,
     with theta the OVERHEAD_COLUMNS values and ``fixed_us`` the known terms (event gap).
+    Stage rows pin how latency grows with load; the reported errors use "all" rows.
     """
 
     names: list[str]
     models: list[str]  # model of each experiment (for leave-one-model-out)
     columns: list[dict[str, np.ndarray]]  # per experiment: primitive -> per-step values
-    weights: list[np.ndarray]  # per experiment: (len(REPLAY_METRICS), n_steps)
-    overhead: list[np.ndarray]  # per experiment: (len(REPLAY_METRICS), len(OVERHEAD_COLUMNS))
-    fixed_us: list[np.ndarray]  # per experiment: (len(REPLAY_METRICS),)
-    observed_us: list[np.ndarray]  # per experiment: (len(REPLAY_METRICS),), NaN when unknown
+    weights: list[np.ndarray]  # per experiment: (n_rows, n_steps)
+    overhead: list[np.ndarray]  # per experiment: (n_rows, len(OVERHEAD_COLUMNS))
+    fixed_us: list[np.ndarray]  # per experiment: (n_rows,)
+    observed_us: list[np.ndarray]  # per experiment: (n_rows,), NaN when unknown
+    labels: list[list[tuple[str, str]]]  # per experiment: (metric, scope) of each row
 
     def subset(self, keep: list[int]) -> "ReplayRows":
         pick = lambda xs: [xs[i] for i in keep]  # noqa: E731
         return ReplayRows(pick(self.names), pick(self.models), pick(self.columns), pick(self.weights),
-                          pick(self.overhead), pick(self.fixed_us), pick(self.observed_us))
+                          pick(self.overhead), pick(self.fixed_us), pick(self.observed_us), pick(self.labels))
 
 
 @dataclass
@@ -212,13 +215,13 @@ def fit_terms(term_fns: list[TermFn], ctx: FitnessContext, detail: bool = False,
             if not np.isfinite(T).all():
                 return _worst()
             rows = np.hstack([rp.weights[e] @ T, rp.overhead[e]])
-            for i, m in enumerate(REPLAY_METRICS):
+            for i, (m, scope) in enumerate(rp.labels[e]):
                 if np.isfinite(obs[i]) and obs[i] > 0:
-                    replay_rows.append((e, m, rows[i], obs[i], rp.fixed_us[e][i]))
+                    replay_rows.append((e, m, scope, rows[i], obs[i], rp.fixed_us[e][i]))
         if replay_rows:
             scale = np.sqrt(ctx.replay_weight)
-            blocks_a.append(np.array([r[2] / r[3] * scale for r in replay_rows]))
-            blocks_b.append(np.array([(r[3] - r[4]) / r[3] * scale for r in replay_rows]))
+            blocks_a.append(np.array([r[3] / r[4] * scale for r in replay_rows]))
+            blocks_b.append(np.array([(r[4] - r[5]) / r[4] * scale for r in replay_rows]))
 
     if not blocks_a:
         raise ValueError("nothing to score: no step rows and no replayed experiments")
@@ -256,10 +259,11 @@ def fit_terms(term_fns: list[TermFn], ctx: FitnessContext, detail: bool = False,
     replay_error = 0.0
     if replay_rows:
         errs: dict[str, list[float]] = {m: [] for m in REPLAY_METRICS}
-        for e, m, row, obs, fixed in replay_rows:
+        for e, m, scope, row, obs, fixed in replay_rows:
             err = (float(row @ theta) + fixed) / obs - 1.0
-            errs[m].append(abs(err))
-            per_exp.setdefault(ctx.replay.names[e], {})[f"{m}_error"] = err
+            if scope == "all":
+                errs[m].append(abs(err))
+                per_exp.setdefault(ctx.replay.names[e], {})[f"{m}_error"] = err
         for m, v in errs.items():
             if v:
                 objectives[f"{m}_error"] = float(np.mean(v))

@@ -160,7 +160,7 @@ class Deployment:
 
 def _need(cfg: dict, key: str, path: object, kind: type = int):
     if key not in cfg or cfg[key] is None:
-        raise InputError(path, key, f"a required field is missing (expected a {kind.__name__})")
+        raise InputError(path, key, f"a required field is missing (expected a positive {'integer' if kind is int else 'number'})")
     value = cfg[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InputError(path, key, f"expected a number, got {value!r}")

@@ -38,6 +38,8 @@ REQUIRED_COLUMNS = {
     "kv.blocks_free_gpu": "a non-negative KV block count",
 }
 NUMERIC_COLUMNS = [c for c in REQUIRED_COLUMNS if c not in ("experiment_id", "model")]
+# ids and degrees are whole numbers: a fractional one would be silently truncated
+INTEGER_COLUMNS = frozenset({"step.id", "tp"})
 REQUEST_COLUMNS = ("experiment_id", "step.id", "progress", "new_tokens", "input_len", "output_len")
 
 # canonical step columns (aggregate features keep their registry names)
@@ -110,9 +112,15 @@ def _numeric(df: pd.DataFrame, col: str, path: Path, expected: str) -> np.ndarra
         row = int(np.flatnonzero(values.isna().to_numpy())[0])
         raise InputError(path, col, f"missing value (NaN) in row {row}; expected {expected}")
     arr = values.to_numpy(dtype=np.float64)
+    if not np.isfinite(arr).all():
+        row = int(np.flatnonzero(~np.isfinite(arr))[0])
+        raise InputError(path, col, f"non-finite value {arr[row]:g} in row {row}; expected {expected}")
     if (arr < 0).any():
         row = int(np.flatnonzero(arr < 0)[0])
         raise InputError(path, col, f"negative value {arr[row]:g} in row {row}; expected {expected}")
+    if col in INTEGER_COLUMNS and (arr != np.floor(arr)).any():
+        row = int(np.flatnonzero(arr != np.floor(arr))[0])
+        raise InputError(path, col, f"non-integer value {arr[row]:g} in row {row}; expected {expected}")
     return arr
 
 

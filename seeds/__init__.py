@@ -15,14 +15,16 @@ SEEDS: dict[str, str] = {
     # Roofline: a step is bound by compute or by memory traffic, whichever is larger
     "roofline": "max(add(matmul_time_us, attention_time_us), add(weight_time_us, kv_io_time_us))",
     "roofline_aggregate": "max(matmul_time_us, add(weight_time_us, kv_io_time_us))",
-    # BLIS "trained physics" style: a sum of physically motivated basis terms
+    # BLIS "trained physics" style: a sum of physically motivated basis terms (weights,
+    # KV traffic, compute, all-reduce bytes and launches, per-layer and per-request-per-layer
+    # kernel costs)
     "trained_physics": (
         "add(add(add(weight_time_us, kv_io_time_us), add(matmul_time_us, attention_time_us)),"
-        " add(add(allreduce_time_us, allreduce_calls), add(n_layers, batch_size)))"
+        " add(add(allreduce_time_us, allreduce_calls), add(n_layers, mul(batch_size, n_layers))))"
     ),
     "trained_physics_aggregate": (
         "add(add(add(weight_time_us, kv_io_time_us), matmul_time_us),"
-        " add(add(allreduce_time_us, allreduce_calls), add(n_layers, batch_size)))"
+        " add(add(allreduce_time_us, allreduce_calls), add(n_layers, mul(batch_size, n_layers))))"
     ),
     # MoE-aware weight streaming: only the experts a batch touches are read
     "moe_weights": "add(mul(weight_time_us, moe_touched_fraction), add(kv_io_time_us, allreduce_calls))",
