@@ -2,6 +2,11 @@
 
 The rule (``recommend``), in the order it is applied:
 
+0. **Closed loop first.** When a run validated some entries in the closed-loop
+   simulation (``objectives["closed_loop"] == 1``; their latency errors are then the
+   closed-loop ones), only those are considered: teacher-forced estimates can be
+   optimistic near saturation.
+
 1. **Error to compare.** Each entry's error is the worst of the errors it was scored
    on: ``max(step_mape, e2e_error_max, ttft_error_max, itl_error_max)`` (the ``_max``
    latency errors are the worst experiment's; where an entry has only the mean,
@@ -116,7 +121,11 @@ def recommend(entries: list[ArchiveEntry]) -> ArchiveEntry:
 
     Raises ValueError when no entry has a finite error on the common objectives.
     """
-    ranked = [r for r in rank(list(entries)) if r.eligible]
+    entries = list(entries)
+    checked = [e for e in entries if e.objectives.get("closed_loop")]
+    if checked:  # step 0: closed-loop-validated entries outrank teacher-forced estimates
+        entries = checked
+    ranked = [r for r in rank(entries) if r.eligible]
     if not ranked:
         raise ValueError("no entry with a finite error on the objectives all entries share")
     top = max(r.score for r in ranked)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import os
 import time
+
+import numpy as np
 from pathlib import Path
 
 from archive.store import ArchiveStore, RunDir, default_run_dir, record_latest
@@ -184,6 +186,8 @@ def run_search(config: RunConfig, ui) -> list:
                 store.finish_run(run_id, {"generations": search.state.generation}, status="interrupted")
                 raise
             entries = _record(store, search, meta)
+            if config.experiments and config.closed_loop_checks > 0:
+                entries = _closed_loop_check(store, search, meta, entries, config, resolver, ui)
             search.save_checkpoint(root)
             summary = {
                 "generations": search.state.generation,
@@ -214,6 +218,38 @@ def _refresh(search: Search, config: RunConfig, resolver, names: list[str], ui) 
     rows = refresh_replay_rows(Path(config.experiments), resolver, _model_entry(model), names, config.seed, config.jobs)
     search.replace_context(FitnessContext(search.ctx.steps, rows, config.replay_weight))
     search.state.replay_model = model
+
+
+def _closed_loop_check(store, search: Search, meta: dict, front: list, config: RunConfig, resolver, ui) -> list:
+    """Validate the most promising front entries in the closed loop; store those errors.
+
+    Teacher forcing keeps the batches of a reference run; near saturation (the 128-slot
+    cap) the closed loop can queue where the replay did not. The entries with the lowest
+    worst-case teacher-forced error are re-scored on the closed-loop E2E/TTFT/ITL of
+    every experiment with results, and ``archive best`` prefers them.
+    """
+    from archive.select import combined_error
+    from fitness.replay_context import scored_experiments
+    from fitness.validate import closed_loop_items
+
+    specs = scored_experiments(Path(config.experiments))
+    chosen = sorted(front, key=lambda e: (combined_error(e), e.complexity))[: config.closed_loop_checks]
+    for e in chosen:
+        ui.log(f"closed-loop check of {e.id} (complexity {e.complexity}) on {len(specs)} experiments")
+        items = closed_loop_items(specs, resolver, e.expression, e.overheads, config.seed, config.jobs)
+        for m in ("e2e", "ttft", "itl"):
+            errs = [abs(i[f"{m}_error"]) for i in items if i[f"{m}_error"] is not None]
+            e.objectives[f"{m}_error_teacher_forced"] = e.objectives.get(f"{m}_error")
+            e.objectives[f"{m}_error"] = float(np.mean(errs))
+            e.objectives[f"{m}_error_max"] = float(np.max(errs))
+        e.objectives["closed_loop"] = 1.0
+        for i in items:
+            e.per_experiment.setdefault(i["name"], {}).update(
+                {f"{m}_error_closed_loop": i[f"{m}_error"] for m in ("e2e", "ttft", "itl")})
+    stats = {"evaluations": search.state.evaluations, "closed_loop_checked": [e.id for e in chosen]}
+    best = [_entry(search, p, s, meta) for p, s in search.hall_items()]
+    store.record_generation(meta["run_id"], search.state.generation, front, best, stats)
+    return front
 
 
 def _experiments_fingerprint(directory: Path) -> str:

@@ -254,6 +254,11 @@ def load_observed(results_dir: Path) -> ObservedMetrics | None:
     results_dir = Path(results_dir)
     summary_path = results_dir / Path(SUMMARY_METRICS).name
     if not summary_path.exists():
+        # no summary: the results are withheld (blind test), unless stage files betray a broken copy
+        stray = sorted(f.name for f in results_dir.iterdir() if _STAGE_RE.match(f.name)) if results_dir.is_dir() else []
+        if stray:
+            raise InputError(summary_path, None, f"file not found, but {stray[0]} is there; expected the run's "
+                             "summary metrics next to its stage metrics")
         return None
     summary = _parse_metrics_file(summary_path)
     found = {}

@@ -176,15 +176,18 @@ def test_export_go(project: Path, monkeypatch, capsys):
         target.write_text("package x\n")
         return [target]
 
-    fake_module(monkeypatch, "translate_go.export", export_go=export_go)
+    def run_deployments(entry, run_dir=None):
+        return [types.SimpleNamespace(experiment="exp-a", model="llama-2-7b", tp=1, gpu=None)]
+
+    fake_module(monkeypatch, "translate_go.export", export_go=export_go, run_deployments=run_deployments)
     assert main(["export-go", ENTRY.id, "--out", "go/out", "--package", "sim", "--interface", "seed",
                  "--model", "llama-2-70b", "--tp", "4"]) == 0
     assert seen["entry"] == ENTRY.id and seen["package"] == "sim" and seen["interface"] == "seed"
     assert seen["deployment"].tp == 4 and seen["out"] == Path("go/out")
     assert "step_time.go" in capsys.readouterr().out
     assert main(["export-go", ENTRY.id, "--out", "go2"]) == 0
-    assert seen["deployment"] is None and seen["interface"] == "seed"
-    capsys.readouterr()
+    assert seen["deployment"].tp == 1 and seen["interface"] == "seed"
+    assert "deployment: Llama-2-7b-hf TP1" in capsys.readouterr().out
     assert main(["export-go", ENTRY.id, "--out", "go3", "--model", "no-such-model", "--tp", "1"]) == 2
     assert "no-such-model" in one_error_line(capsys)
     assert main(["export-go", ENTRY.id, "--out", "go3", "--tp", "1"]) == 2
