@@ -88,7 +88,50 @@ def reference_model(deployment):
     return ExpressionLatencyModel(REFERENCE_EXPRESSION, deployment, REFERENCE_OVERHEADS)
 
 
+class AnchoredModel:
+    """A latency model whose step times are scaled by a constant (recording only).
+
+    Teacher forcing needs batches like the real ones. Near the 128-slot cap a model a few
+    percent slow queues without bound in the closed loop, and its batches then say more
+    about that error than about the server. So trajectories are recorded with the
+    candidate scaled to reproduce the experiment's observed ITL (about half a cycle):
+    the batches have the observed concurrency, and the candidate is then judged on them.
+    The scale never enters a model; validation runs the closed loop unscaled.
+    """
+
+    def __init__(self, model, scale: float):
+        self.model = model
+        self.scale = float(scale)
+
+    def step_time_us(self, *batch) -> float:
+        return self.scale * self.model.step_time_us(*batch)
+
+    def __getattr__(self, name):
+        if name == "model":  # not yet set (e.g. while unpickling)
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
+
+ANCHOR_PASSES = 2  # closed-loop passes that refine the ITL anchor before recording
+ANCHOR_LIMITS = (0.5, 2.0)
+
+
+def anchored(spec: ExperimentSpec, deployment, model, seed: int):
+    """The model scaled so that the closed loop reproduces the observed mean ITL."""
+    obs = spec.observed.summary.itl_mean_s if spec.observed is not None else None
+    if not obs:
+        return model
+    scale = 1.0
+    for _ in range(ANCHOR_PASSES):
+        pred = simulate(spec, deployment, AnchoredModel(model, scale), seed=seed, record=False).metrics.summary
+        if not pred.itl_mean_s:
+            break
+        scale = float(np.clip(scale * obs / pred.itl_mean_s, *ANCHOR_LIMITS))
+    return AnchoredModel(model, scale)
+
+
 def _trajectory(spec: ExperimentSpec, deployment, model, names: list[str], seed: int) -> ExperimentTrajectory:
+    model = anchored(spec, deployment, model, seed)
     result = simulate(spec, deployment, model, seed=seed, record=True)
     traj = result.trajectory
     feats = traj.features()

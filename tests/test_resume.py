@@ -163,9 +163,11 @@ def test_repeated_kills_never_corrupt_the_archive_or_the_checkpoint(workdir, uni
         assert _integrity(run_dir) == "ok", f"archive corrupt after kill {i}"
         done = _checkpoint_generation(run_dir)  # loads: never a torn pickle
         assert done is not None
+        if done >= GENERATIONS - 4:  # too close to the end to kill reliably
+            break
         proc = _start(_resume_cmd("runs/stormy"), workdir)
         try:
-            _kill_after(proc, run_dir, min_generation=min(done + 1, GENERATIONS - 2), extra_s=extra)
+            _kill_after(proc, run_dir, min_generation=done + 1, extra_s=extra)
         except pytest.fail.Exception:
             proc.kill()
             raise
