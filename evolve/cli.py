@@ -22,44 +22,26 @@ PROG = "python -m evolve"
 
 
 # -- argument types (argparse turns ArgumentTypeError into usage + exit 2) -----------
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
-    return value
+def _number_arg(kind: type, ok: Callable[[float], bool], expected: str, what: str = "a whole number"):
+    """An argparse type: parse ``kind``, then check ``ok`` (ArgumentTypeError -> usage, exit 2)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
+        return value
+
+    return parse
 
 
-def _jobs(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1 and value != -1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1 (or -1 for every core), got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
-    return value
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a seed >= 0, got {value}")
-    return value
+_positive_int = _number_arg(int, lambda v: v >= 1, "a number >= 1")
+_jobs = _number_arg(int, lambda v: v >= 1 or v == -1, "a number >= 1 (or -1 for every core)")
+_seed = _number_arg(int, lambda v: v >= 0, "a seed >= 0")
+_positive_float = _number_arg(float, lambda v: math.isfinite(v) and v > 0, "a positive number of seconds",
+                              "a number of seconds")
 
 
 # -- helpers ------------------------------------------------------------------------

@@ -273,15 +273,11 @@ def _record(store: ArchiveStore, search: Search, meta: dict) -> list:
     return front
 
 
-_ENTRY_CACHE: dict[tuple[str, str], object] = {}
-
-
 def _entry(search: Search, program, score, meta: dict):
-    """Archive entries are built once per candidate: sympy simplification is slow."""
+    """Archive entries are built once per candidate and context: sympy simplification is slow."""
     from .expression import canonical
 
-    key = canonical(program)
-    cache_key = (meta["run_id"], key)
-    if cache_key not in _ENTRY_CACHE:
-        _ENTRY_CACHE[cache_key] = entry_from(program, score, search.state.first_seen.get(key, 0), meta)
-    return _ENTRY_CACHE[cache_key]
+    key = (canonical(program), id(search.ctx))
+    if key not in search.entries:
+        search.entries[key] = entry_from(program, score, search.state.first_seen.get(key[0], 0), meta)
+    return search.entries[key]

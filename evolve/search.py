@@ -263,6 +263,7 @@ class Search:
             tb.decorate(op, limit_s)
         self.toolbox = tb
         self.state = SearchState()
+        self.entries: dict = {}  # archive entries already built (see evolve.run)
 
     # -- conversions -----------------------------------------------------------
     def _tree(self, program: Program):
