@@ -26,7 +26,7 @@ class RunConfig:
     replay_weight: float = 1.0  # one replayed metric row against one experiment's step rows
     calibration_rounds: int = 1  # closed-loop refits of the reference trajectories before the search
     refresh_every: int = 0  # generations between trajectory refreshes; 0 = a third of the run
-    closed_loop_checks: int = 3  # front entries validated in the closed loop at the end of a replay run
+    closed_loop_checks: int = 6  # front entries validated in the closed loop at the end of a replay run
 
     def to_dict(self) -> dict:
         return asdict(self)

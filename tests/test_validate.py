@@ -80,3 +80,18 @@ def test_lomo_refits_without_the_held_out_model(tmp_path):
     for it in res["experiments"]:
         intercept, terms, coefs = split_terms(parse_infix(it["refit_expression"]))
         assert len(terms) <= 3 and all(c >= 0 for c in coefs)
+
+
+def test_trajectories_are_recorded_at_the_observed_speed(tmp_path):
+    """A 30% slow candidate is scaled back to the observed ITL before its batches are recorded."""
+    from fitness.replay_context import anchored
+
+    d = write_experiment(tmp_path, "exp-llama-2-7b-tp1-general", "meta-llama/Llama-2-7b-hf", 1, rate=4.0)
+    observed = observe(d)
+    spec = load_experiment(d)
+    dep = default_resolver().resolve(spec.model, spec.tp)
+    slow = ExpressionLatencyModel(f"1.3*({EXPR})", dep, OVERHEADS)
+    model = anchored(spec, dep, slow, seed=0)
+    assert model.scale == pytest.approx(1 / 1.3, rel=0.02)
+    itl = simulate(spec, dep, model, seed=0, record=False).metrics.summary.itl_mean_s
+    assert itl == pytest.approx(observed.itl_mean_s, rel=0.01)
