@@ -340,6 +340,8 @@ def main(argv=None) -> int:
             else:
                 rows.append(run_gplearn(table, args.budget, args.jobs, args.seed))
             r = rows[-1]
+            r["load_after"] = os.getloadavg()[0]  # ~jobs when the machine was ours alone
+            r["note"] += f", load {r['load_after']:.1f}"
             print(f"  {s}: wall {r['wall_s']:.1f} s, front {r['front_size']}, hypervolume {r['hypervolume']:.4f} "
                   f"(moocore {r['hypervolume_moocore']}), {r['note']}", flush=True)
             for cap in COMPLEXITY_CAPS:

@@ -89,10 +89,16 @@ def _check_writable_file(path: str | None, option: str) -> None:
     if p.is_dir():
         raise InputError(p, option, "is a directory; expected a file name")
     parent = p.parent if str(p.parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        raise InputError(p, option, f"cannot write: {parent} is a file, not a directory")
     if not parent.is_dir():
         raise InputError(p, option, f"cannot write: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise InputError(p, option, "cannot write: permission denied")
+    probe = parent / f".{p.name}.probe"
+    try:  # os.access says yes to root everywhere; a real create tells the truth
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise InputError(p, option, f"cannot write ({exc.strerror or exc})") from None
 
 
 def _clean(obj: Any) -> Any:

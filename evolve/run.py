@@ -124,6 +124,11 @@ def _best_seed(ctx: FitnessContext, names: list[str]):
 def run_search(config: RunConfig, ui) -> list:
     if config.resume:
         config = _resume_config(config)
+    else:  # run.json must work from any directory, for --resume
+        config.data = [str(Path(p).resolve()) for p in config.data]
+        for name in ("experiments", "model_configs", "gpu_datasheet"):
+            if getattr(config, name):
+                setattr(config, name, str(Path(getattr(config, name)).resolve()))
     resolver = DeploymentResolver.from_options(
         Path(config.model_configs) if config.model_configs else None,
         Path(config.gpu_datasheet) if config.gpu_datasheet else None,
@@ -139,68 +144,69 @@ def run_search(config: RunConfig, ui) -> list:
     config.run_dir = str(root)
     if not config.resume:
         _atomic_write_json(root / RUN_CONFIG_NAME, config.to_dict())
-    record_latest(root)
     meta = {"run_id": run_id, "fingerprint": fingerprint, "seed": config.seed, "config": config.to_dict()}
 
-    with ArchiveStore(run_dir.archive) as store:
+    # the pool (or the Dask connection) first: a bad --scheduler leaves no half-started run
+    with Evaluator(ctx, config.jobs, config.backend, config.scheduler) as evaluator, \
+            ArchiveStore(run_dir.archive) as store:
         store.start_run(run_id, config.to_dict(), config.seed, fingerprint)
-        with Evaluator(ctx, config.jobs, config.backend, config.scheduler) as evaluator:
-            t0 = time.perf_counter()
-            resuming = bool(config.resume) and (root / CHECKPOINT_NAME).is_file()
-            replay_model = None
-            if config.experiments:
-                saved = Search.peek_checkpoint(root).replay_model if resuming else None
-                rows, replay_model = replay_rows_for(config, resolver, ctx, names, saved, ui)
-                ctx = FitnessContext(ctx.steps, rows, config.replay_weight)
-                evaluator.reset(ctx)
-            search = Search(config, ctx, names, evaluator)
-            if resuming:
-                search.load_checkpoint(root)
-                ui.log(f"resumed {root} at generation {search.state.generation}")
-            else:
-                search.initialise()
-                search.state.replay_model = replay_model
-                search.save_checkpoint(root)
-            ui.start(config.generations, config.time_limit_s)
-            evals_at, time_at = search.state.evaluations, time.perf_counter()
-            status = "finished"
-            try:
-                while search.state.generation < config.generations:
-                    if config.time_limit_s is not None and time.perf_counter() - t0 >= config.time_limit_s:
-                        status = "time-limit"
-                        break
-                    search.step()
-                    if config.experiments and search.state.generation % _refresh_every(config) == 0 \
-                            and search.state.generation < config.generations:
-                        _refresh(search, config, resolver, names, ui)
-                    now = time.perf_counter()
-                    rate = (search.state.evaluations - evals_at) / max(now - time_at, 1e-9)
-                    ui.update(search.state.generation, search.best_error(), len(search.front()), rate)
-                    if search.state.generation % max(config.checkpoint_every, 1) == 0:
-                        _record(store, search, meta)
-                        search.save_checkpoint(root)
-            except KeyboardInterrupt:
-                # keep what the finished generations found; the checkpoint allows --resume
-                _record(store, search, meta)
-                search.save_checkpoint(root)
-                store.finish_run(run_id, {"generations": search.state.generation}, status="interrupted")
-                raise
-            entries = _record(store, search, meta)
-            if config.experiments and config.closed_loop_checks > 0:
-                entries = _closed_loop_check(store, search, meta, entries, config, resolver, ui)
+        record_latest(root)
+        t0 = time.perf_counter()
+        resuming = bool(config.resume) and (root / CHECKPOINT_NAME).is_file()
+        replay_model = None
+        if config.experiments:
+            saved = Search.peek_checkpoint(root).replay_model if resuming else None
+            rows, replay_model = replay_rows_for(config, resolver, ctx, names, saved, ui)
+            ctx = FitnessContext(ctx.steps, rows, config.replay_weight)
+            evaluator.reset(ctx)
+        search = Search(config, ctx, names, evaluator)
+        if resuming:
+            search.load_checkpoint(root)
+            ui.log(f"resumed {root} at generation {search.state.generation}")
+        else:
+            search.initialise()
+            search.state.replay_model = replay_model
             search.save_checkpoint(root)
-            summary = {
-                "generations": search.state.generation,
-                "evaluations": search.state.evaluations,
-                "unique_candidates": len(evaluator.memo),
-                "wall_time_s": round(time.perf_counter() - t0, 2),
-                "front_size": len(entries),
-                "status": status,
-                "dataset_fingerprint": fingerprint,
-                "primitives": names,
-                "run_dir": str(root),
-            }
-            store.finish_run(run_id, summary, status="finished" if status == "finished" else "interrupted")
+        ui.start(config.generations, config.time_limit_s)
+        evals_at, time_at = search.state.evaluations, time.perf_counter()
+        status = "finished"
+        try:
+            while search.state.generation < config.generations:
+                if config.time_limit_s is not None and time.perf_counter() - t0 >= config.time_limit_s:
+                    status = "time-limit"
+                    break
+                search.step()
+                if config.experiments and search.state.generation % _refresh_every(config) == 0 \
+                        and search.state.generation < config.generations:
+                    _refresh(search, config, resolver, names, ui)
+                now = time.perf_counter()
+                rate = (search.state.evaluations - evals_at) / max(now - time_at, 1e-9)
+                ui.update(search.state.generation, search.best_error(), len(search.front()), rate)
+                if search.state.generation % max(config.checkpoint_every, 1) == 0:
+                    _record(store, search, meta)
+                    search.save_checkpoint(root)
+        except KeyboardInterrupt:
+            # keep what the finished generations found; the checkpoint allows --resume
+            _record(store, search, meta)
+            search.save_checkpoint(root)
+            store.finish_run(run_id, {"generations": search.state.generation}, status="interrupted")
+            raise
+        entries = _record(store, search, meta, final=True)
+        if config.experiments and config.closed_loop_checks > 0:
+            entries = _closed_loop_check(store, search, meta, entries, config, resolver, ui)
+        search.save_checkpoint(root)
+        summary = {
+            "generations": search.state.generation,
+            "evaluations": search.state.evaluations,
+            "unique_candidates": len(evaluator.memo),
+            "wall_time_s": round(time.perf_counter() - t0, 2),
+            "front_size": len(entries),
+            "status": status,
+            "dataset_fingerprint": fingerprint,
+            "primitives": names,
+            "run_dir": str(root),
+        }
+        store.finish_run(run_id, summary, status="finished" if status == "finished" else "interrupted")
     ui.finish(entries, summary)
     return entries
 
@@ -264,20 +270,22 @@ def _experiments_fingerprint(directory: Path) -> str:
     return h.hexdigest()[:12]
 
 
-def _record(store: ArchiveStore, search: Search, meta: dict) -> list:
-    """Write the current front and the best entry at each complexity, in one transaction."""
-    front = [_entry(search, p, s, meta) for p, s in search.front()]
+def _record(store: ArchiveStore, search: Search, meta: dict, final: bool = False) -> list:
+    """Write the current front and the best entry at each complexity, in one transaction.
+
+    The final record adds the sympy-simplified form to the front's entries."""
+    front = [_entry(search, p, s, meta, simplify=final) for p, s in search.front()]
     best = [_entry(search, p, s, meta) for p, s in search.hall_items()]
     stats = {"evaluations": search.state.evaluations, "best_error": search.best_error()}
     store.record_generation(meta["run_id"], search.state.generation, front, best, stats)
     return front
 
 
-def _entry(search: Search, program, score, meta: dict):
-    """Archive entries are built once per candidate and context: sympy simplification is slow."""
+def _entry(search: Search, program, score, meta: dict, simplify: bool = False):
+    """Archive entries are built once per candidate and context (and once more simplified)."""
     from .expression import canonical
 
-    key = (canonical(program), id(search.ctx))
+    key = (canonical(program), id(search.ctx), simplify)
     if key not in search.entries:
-        search.entries[key] = entry_from(program, score, search.state.first_seen.get(key[0], 0), meta)
+        search.entries[key] = entry_from(program, score, search.state.first_seen.get(key[0], 0), meta, simplify)
     return search.entries[key]

@@ -411,13 +411,16 @@ class Search:
         self.evaluator.score(list(self.state.population) + [p for p, _ in self.state.hall.values()])
 
 
-def entry_from(program: Program, score: Score, generation: int, meta: dict) -> ArchiveEntry:
+def entry_from(program: Program, score: Score, generation: int, meta: dict, simplify: bool = False) -> ArchiveEntry:
+    """An archive entry. Its id comes from the constant-folded expression, so it is stable
+    whether or not the (slow) sympy simplification has run; ``simplify`` adds that form,
+    which the run does once, for its final front."""
     expr = linear_model_sympy(score.terms, score.coefficients, score.intercept)
-    simplified = simplify_expression(expr)
-    simplified_text = to_infix(simplified)
+    folded_text = to_infix(expr.evalf())
+    simplified_text = to_infix(simplify_expression(expr)) if simplify else folded_text
     consts = [score.intercept] + list(score.coefficients)
     return ArchiveEntry(
-        id=entry_id_for(simplified_text),
+        id=entry_id_for(folded_text),
         expression=to_infix(expr),
         simplified=simplified_text,
         complexity=int(score.complexity),

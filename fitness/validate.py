@@ -82,6 +82,7 @@ def plot_predicted_vs_observed(items: list[dict], path: Path, title: str) -> Pat
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     rows = [i for i in items if i.get("e2e_mean_obs_s") is not None]
     if not rows:
@@ -101,6 +102,8 @@ def plot_predicted_vs_observed(items: list[dict], path: Path, title: str) -> Pat
             ax.scatter(obs[sel], pred[sel], s=28, color=colours[model], label=model)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):  # minor labels collide on short log ranges
+            axis.set_minor_formatter(NullFormatter())
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
         ax.set_xlabel(f"observed mean {m.upper()} (s)")

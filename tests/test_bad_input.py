@@ -189,8 +189,6 @@ def test_per_request_detail_missing_column(work, capsys):
     assert_one_line_error(rc, err, "step_requests.csv", "progress", "missing column")
 
 
-@pytest.mark.xfail(strict=True, reason="fitness/dataset.py build_step_table: the resolver's error names the model, "
-                   "not the trace file; wrap resolver.resolve() and re-raise with data.sources")
 def test_unknown_model_in_a_trace_names_the_trace_file(work, capsys):
     good_trace().assign(model="gpt-17").to_csv(work / "bad.csv", index=False)
     rc, _, err = call(run_args("bad.csv"), capsys)
@@ -413,8 +411,6 @@ def test_score_json_below_a_file(archive, work, capsys):
     assert_one_line_error(rc, err, "good.csv/x.json", "--json", "cannot write")
 
 
-@pytest.mark.xfail(strict=True, reason="evolve/cli.py _check_writable_file says 'directory good.csv does not exist' "
-                   "for a parent that exists but is a file")
 def test_score_json_below_a_file_says_why(archive, work, capsys):
     run_dir, entry_id, data = archive
     rc, _, err = call(["score", entry_id, "--data", data, "--run-dir", run_dir, "--json", "good.csv/x.json"], capsys)

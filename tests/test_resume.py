@@ -86,10 +86,23 @@ def _start(cmd: list[str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def _kill_after(proc: subprocess.Popen, run_dir: Path, min_generation: int, extra_s: float) -> None:
-    """SIGKILL the run once the archive holds ``min_generation`` (plus ``extra_s``)."""
+def _checkpoint_mtime(run_dir: Path) -> float:
+    try:
+        return (run_dir / "checkpoint.pkl").stat().st_mtime
+    except FileNotFoundError:
+        return float("-inf")
+
+
+def _kill_after(proc: subprocess.Popen, run_dir: Path, min_generation: int, extra_s: float,
+                new_checkpoint: bool = False) -> None:
+    """SIGKILL the run once the archive holds ``min_generation`` (plus ``extra_s``).
+
+    ``new_checkpoint``: also wait until this process has written a checkpoint of its own
+    (a resumed run re-records generations the killed one had already recorded).
+    """
     deadline = time.monotonic() + 120
-    while (_last_generation(run_dir) or -1) < min_generation:
+    since = _checkpoint_mtime(run_dir) if new_checkpoint else float("-inf")
+    while (_last_generation(run_dir) or -1) < min_generation or _checkpoint_mtime(run_dir) <= since:
         if proc.poll() is not None:
             pytest.fail(f"the run ended (status {proc.returncode}) before generation {min_generation}: "
                         f"{proc.stderr.read().decode()[-2000:]}")
@@ -158,6 +171,7 @@ def test_repeated_kills_never_corrupt_the_archive_or_the_checkpoint(workdir, uni
     run_dir = workdir / "runs" / "stormy"
     proc = _start(_run_cmd("runs/stormy", 1), workdir)
     _kill_after(proc, run_dir, min_generation=1, extra_s=0.0)
+    kills = 1
     # staggered delays so that kills land in scoring, in sympy, in sqlite writes and in fsync
     for i, extra in enumerate((0.05, 0.31, 0.17)):
         assert _integrity(run_dir) == "ok", f"archive corrupt after kill {i}"
@@ -167,10 +181,12 @@ def test_repeated_kills_never_corrupt_the_archive_or_the_checkpoint(workdir, uni
             break
         proc = _start(_resume_cmd("runs/stormy"), workdir)
         try:
-            _kill_after(proc, run_dir, min_generation=done + 1, extra_s=extra)
+            _kill_after(proc, run_dir, min_generation=done + 1, extra_s=extra, new_checkpoint=True)
         except pytest.fail.Exception:
             proc.kill()
             raise
+        kills += 1
+    assert kills >= 3, f"only {kills} kills landed before the run neared its end"
     assert _integrity(run_dir) == "ok"
     res = subprocess.run(_resume_cmd("runs/stormy"), cwd=workdir, env=ENV, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
