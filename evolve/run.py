@@ -231,15 +231,16 @@ def _closed_loop_check(store, search: Search, meta: dict, front: list, config: R
 
     Teacher forcing keeps the batches of a reference run; near saturation (the 128-slot
     cap) the closed loop can queue where the replay did not. The entries with the lowest
-    worst-case teacher-forced error are re-scored on the closed-loop E2E/TTFT/ITL of
-    every experiment with results, and ``archive best`` prefers them.
+    teacher-forced replay error (every replayed row, stages included: the stage rows say
+    how latency grows with load) are re-scored on the closed-loop E2E/TTFT/ITL of every
+    experiment with results, and ``archive best`` prefers them.
     """
-    from archive.select import combined_error
     from fitness.replay_context import scored_experiments
     from fitness.validate import closed_loop_items
 
     specs = scored_experiments(Path(config.experiments))
-    chosen = sorted(front, key=lambda e: (combined_error(e), e.complexity))[: config.closed_loop_checks]
+    chosen = sorted(front, key=lambda e: (e.objectives.get("replay_error", np.inf), e.complexity))
+    chosen = chosen[: config.closed_loop_checks]
     for e in chosen:
         ui.log(f"closed-loop check of {e.id} (complexity {e.complexity}) on {len(specs)} experiments")
         items = closed_loop_items(specs, resolver, e.expression, e.overheads, config.seed, config.jobs)

@@ -273,6 +273,7 @@ def fit_terms(term_fns: list[TermFn], ctx: FitnessContext, detail: bool = False,
         # the search minimises the error over every replayed row, stage rows included:
         # they say how latency grows with load, which decides closed-loop stability
         replay_error = float(np.mean(all_errs))
+        objectives["replay_error"] = replay_error
         if st is None:
             train_error = replay_error
     overheads = {name: float(v) for name, v in zip(OVERHEAD_COLUMNS, over)}
