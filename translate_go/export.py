@@ -81,11 +81,11 @@ type Request struct {
 }
 """
 
-ROUNDING_GO = """// roundStepUs turns a step time in µs into BLIS's int64 µs: math.Round (half away
-// from zero), then at least 1; NaN gives 1 and values beyond int64 saturate.
-func roundStepUs(us float64) int64 {
-	if !(us >= 1) {
-		return 1
+ROUNDING_GO = """// roundAtLeast turns µs into BLIS's int64 µs: math.Round (half away from zero), at
+// least floor; NaN gives floor and values beyond int64 saturate.
+func roundAtLeast(us float64, floor int64) int64 {
+	if !(us >= float64(floor)) {
+		return floor
 	}
 	if us >= math.MaxInt64 {
 		return math.MaxInt64
@@ -93,16 +93,11 @@ func roundStepUs(us float64) int64 {
 	return int64(math.Round(us))
 }
 
-// roundOverheadUs rounds a non-step term in µs with math.Round, at least 0 (NaN gives 0).
-func roundOverheadUs(us float64) int64 {
-	if !(us >= 0) {
-		return 0
-	}
-	if us >= math.MaxInt64 {
-		return math.MaxInt64
-	}
-	return int64(math.Round(us))
-}
+// roundStepUs rounds a step time: BLIS's StepTime is at least 1 µs.
+func roundStepUs(us float64) int64 { return roundAtLeast(us, 1) }
+
+// roundOverheadUs rounds a non-step term, at least 0 µs.
+func roundOverheadUs(us float64) int64 { return roundAtLeast(us, 0) }
 """
 
 # Mirror of translate_go.golden.random_batches (SplitMix64 in counter form).

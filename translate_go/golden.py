@@ -125,27 +125,26 @@ def python_step_time_us(expr: sp.Expr, deployment: Deployment, batches: Sequence
     return evaluate_expr(sp.sympify(expr), cols)
 
 
-def round_step_us(us: float) -> int:
-    """What the Go StepTime returns for US: math.Round (half away from zero), at least 1;
-    NaN gives 1 and values beyond int64 saturate."""
+def _round_at_least(us: float, floor: int) -> int:
+    """Go's roundAtLeast: math.Round (half away from zero), at least ``floor``; NaN gives
+    ``floor`` and values beyond int64 saturate."""
     us = float(us)
-    if not us >= 1.0:
-        return 1
+    if not us >= floor:
+        return floor
     if us >= 2.0**63:
         return INT64_MAX
     whole = math.floor(us)
     return int(whole + 1 if us - whole >= 0.5 else whole)
+
+
+def round_step_us(us: float) -> int:
+    """What the Go StepTime returns for ``us``: at least 1."""
+    return _round_at_least(us, 1)
 
 
 def round_overhead_us(us: float) -> int:
-    """What the Go non-step methods return: math.Round, at least 0 (NaN gives 0)."""
-    us = float(us)
-    if not us >= 0.0:
-        return 0
-    if us >= 2.0**63:
-        return INT64_MAX
-    whole = math.floor(us)
-    return int(whole + 1 if us - whole >= 0.5 else whole)
+    """What the Go non-step methods return: at least 0."""
+    return _round_at_least(us, 0)
 
 
 def encode_batches(batches: Sequence) -> bytes:
