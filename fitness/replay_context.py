@@ -146,12 +146,35 @@ def _trajectory(spec: ExperimentSpec, deployment, model, names: list[str], seed:
         overhead.append([const.get(c, 0.0) for c in OVERHEAD_COLUMNS])
         # the overheads the search does not fit enter at the model's own values
         fixed.append(sum(const.get(n, 0.0) * float(getattr(model, n, getattr(Overheads, n, 0.0))) for n in fixed_names))
+    observed = observed_us(spec, labels)
+    observed = distrust_spurious_queues(labels, np.asarray(weights), traj.step_time_us, observed)
     cols, weights = compress_steps(cols, np.asarray(weights), STEP_STRIDE)
     return ExperimentTrajectory(
         name=spec.name, model=deployment.model.name, columns=cols, weights=weights,
         overhead=np.asarray(overhead, dtype=float), fixed_us=np.asarray(fixed, dtype=float),
-        observed_us=observed_us(spec, labels), labels=labels,
+        observed_us=observed, labels=labels,
     )
+
+
+SPURIOUS_QUEUE_FACTOR = 3.0
+
+
+def distrust_spurious_queues(labels, weights: np.ndarray, step_time_us: np.ndarray, observed: np.ndarray) -> np.ndarray:
+    """Drop the E2E and TTFT rows of a scope whose recording queued where the server did not.
+
+    Near saturation even an ITL-anchored recording can fill every slot and queue for
+    seconds (Llama-2-7B at 20 req/s). Its batches still say how a step's time depends on
+    the batch, so the ITL rows stay; but its waits are an artefact, and fitting TTFT/E2E to
+    them would shrink every coefficient. A scope is distrusted when the recording's own
+    mean TTFT exceeds SPURIOUS_QUEUE_FACTOR times the observed one.
+    """
+    out = observed.copy()
+    own = {lab: float(w @ step_time_us) for lab, w in zip(labels, weights)}
+    for i, (m, scope) in enumerate(labels):
+        ttft_obs = next((observed[j] for j, lab in enumerate(labels) if lab == ("ttft", scope)), np.nan)
+        if m in ("e2e", "ttft") and np.isfinite(ttft_obs) and own[("ttft", scope)] > SPURIOUS_QUEUE_FACTOR * ttft_obs:
+            out[i] = np.nan
+    return out
 
 
 def compress_steps(columns: dict[str, np.ndarray], weights: np.ndarray, stride: int):
