@@ -47,7 +47,8 @@ def entry(expression=EXPR):
                         objectives={}, generation=0, primitives=[], overheads=dict(OVERHEADS))
 
 
-def test_validate_reproduces_its_own_observations_and_keeps_withheld_runs(tmp_path):
+def test_validate_reproduces_its_own_observations_and_keeps_withheld_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the plot of an entry without a run directory goes to the cwd
     a = write_experiment(tmp_path, "exp-a-llama-2-7b-tp1-general", "meta-llama/Llama-2-7b-hf", 1)
     write_experiment(tmp_path, "exp-b-llama-2-7b-tp1-reasoning", "meta-llama/Llama-2-7b-hf", 1, output_len=60)
     observed = observe(a)
@@ -61,9 +62,11 @@ def test_validate_reproduces_its_own_observations_and_keeps_withheld_runs(tmp_pa
     assert withheld["e2e_mean_pred_s"] > 0 and withheld["failures_pred"] == 0
     assert withheld["e2e_mean_obs_s"] is None and withheld["e2e_error"] is None and withheld["failures_obs"] is None
     assert res["summary"]["e2e_error_max"] == pytest.approx(0.0, abs=1e-9)
+    assert res["plot"] and (tmp_path / "validate-abc123.png").is_file()
 
 
-def test_lomo_refits_without_the_held_out_model(tmp_path):
+def test_lomo_refits_without_the_held_out_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     for name, model, tp in [("e1-llama-2-7b-tp1", "meta-llama/Llama-2-7b-hf", 1),
                             ("e2-codellama-34b-tp2", "codellama/CodeLlama-34b-Instruct-hf", 2),
                             ("e3-llama-2-70b-tp4", "meta-llama/Llama-2-70b-hf", 4),
