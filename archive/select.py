@@ -82,8 +82,15 @@ def combined_error(entry: ArchiveEntry, keys: tuple[str, ...] | None = None) -> 
     return max(values) if values else math.nan
 
 
+def closed_loop_first(entries: list[ArchiveEntry]) -> list[ArchiveEntry]:
+    """Step 0: closed-loop-validated entries, when there are any; else all."""
+    checked = [e for e in entries if e.objectives.get("closed_loop")]
+    return checked or list(entries)
+
+
 def rank(entries: list[ArchiveEntry]) -> list[Ranked]:
-    """Steps 1-4 of the rule: the two-objective front by complexity, with scores."""
+    """Steps 0-4 of the rule: the two-objective front by complexity, with scores."""
+    entries = closed_loop_first(list(entries))
     keys = error_keys(list(entries))
     if not keys:
         return []
@@ -121,11 +128,7 @@ def recommend(entries: list[ArchiveEntry]) -> ArchiveEntry:
 
     Raises ValueError when no entry has a finite error on the common objectives.
     """
-    entries = list(entries)
-    checked = [e for e in entries if e.objectives.get("closed_loop")]
-    if checked:  # step 0: closed-loop-validated entries outrank teacher-forced estimates
-        entries = checked
-    ranked = [r for r in rank(entries) if r.eligible]
+    ranked = [r for r in rank(list(entries)) if r.eligible]
     if not ranked:
         raise ValueError("no entry with a finite error on the objectives all entries share")
     top = max(r.score for r in ranked)

@@ -94,3 +94,13 @@ def test_zero_error_is_finite_score():
     front = [e("a", 1, step_mape=0.2), e("exact", 4, step_mape=0.0)]
     assert recommend(front).id == "exact"
     assert all(math.isfinite(r.score) for r in rank(front))
+
+
+def test_closed_loop_checked_entries_outrank_teacher_forced_ones():
+    front = [
+        e("tf", 5, step_mape=0.03, e2e_error=0.01),  # optimistic teacher-forced figures
+        e("cl_a", 9, step_mape=0.04, e2e_error=0.30, closed_loop=1.0),
+        e("cl_b", 12, step_mape=0.04, e2e_error=0.05, closed_loop=1.0),
+    ]
+    assert [r.entry.id for r in rank(front)] == ["cl_a", "cl_b"]
+    assert recommend(front).id == "cl_b"
