@@ -35,9 +35,9 @@ search runs without the withheld real traces. This module makes it:
   (~83 running), 18.6-22 ms Llama-2-70B, 14.8-17 ms CodeLlama-34B, 19.2-20.5 ms
   Mixtral TP2.
 
-* **Output** mirrors the real step traces (``step_traces.parquet``, same flat schema and
+* **Output** mirrors the real step traces (``synthetic_step_traces.parquet``, same flat schema and
   names) from a 10 % Bernoulli sample of steps, plus the full per-request detail of
-  every sampled step (``step_requests.parquet``) and ``metadata.json`` (generator
+  every sampled step (``synthetic_step_requests.parquet``) and ``metadata.json`` (generator
   version, seed, noise sigma, row counts and the *noise floor*: the step MAPE that an
   oracle knowing the noiseless physics gets on the shipped cycle-time targets).
 
@@ -90,8 +90,8 @@ DEFAULT_SAMPLE_FRACTION = 0.10  # the real tracer kept about 10 % of steps
 DURATION_SCALE = 0.5  # every load stage runs for this fraction of its real duration
 GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_DATA_DIR = Path(__file__).resolve().parent / "default_data"
-STEP_TRACES_FILE = "step_traces.parquet"
-STEP_REQUESTS_FILE = "step_requests.parquet"
+STEP_TRACES_FILE = "synthetic_step_traces.parquet"
+STEP_REQUESTS_FILE = "synthetic_step_requests.parquet"
 METADATA_FILE = "metadata.json"
 
 # ---------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Reads vLLM step-tracing exports in the flat schema of
 ``shared/data/steps/step_traces.parquet`` (Parquet or CSV). The target of step ``i`` is
 its **cycle time**, ``ts_start[i+1] - ts_start[i]`` for two consecutive sampled step
 ids; ``step.duration_us`` is scheduler CPU time and is never a target. Real traces
-carry batch aggregates only; a sibling ``step_requests.parquet`` (as written by the
+carry batch aggregates only; a sibling ``step_requests.parquet`` (``synthetic_step_requests.parquet`` from the
 synthetic emulator) adds per-request detail, which unlocks the per-request features.
 """
 from __future__ import annotations
@@ -20,8 +20,10 @@ from .deployment import KV_BLOCK_TOKENS
 from .errors import InputError
 from .registry import AGGREGATE_FEATURES, ALL_FEATURES
 
-STEP_FILE_NAMES = ("step_traces.parquet", "step_traces.csv")
-REQUEST_FILE_NAMES = ("step_requests.parquet", "step_requests.csv")
+# the vLLM tracer's export names, then the embedded synthetic data's (named apart so it is
+# never mistaken for real shared data)
+STEP_FILE_NAMES = ("step_traces.parquet", "step_traces.csv", "synthetic_step_traces.parquet")
+REQUEST_FILE_NAMES = ("step_requests.parquet", "step_requests.csv", "synthetic_step_requests.parquet")
 
 # flat trace column -> what it must hold
 REQUIRED_COLUMNS = {

@@ -83,7 +83,7 @@ def test_default_deployment_from_the_runs_traces(tmp_path, monkeypatch):
 
 def test_default_deployment_fallbacks_and_error(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    if (default_data_dir() / "step_traces.parquet").is_file():  # no data recorded: the embedded default
+    if (default_data_dir() / "synthetic_step_traces.parquet").is_file():  # no data recorded: the embedded default
         first = run_deployments(_entry({}))[0]
         assert first.tp >= 1 and Path(first.source).parent == default_data_dir()
     exp = tmp_path / "exps" / "x-llama-2-7b-tp1-general"
@@ -112,7 +112,7 @@ def front_module(tmp_path_factory):
     """(run dir, front entries, module dir with every member exported under both interfaces)."""
     work = tmp_path_factory.mktemp("go_front")
     cmd = [sys.executable, "-m", "evolve", "run", "--generations", "3", "--population", "30", "--run-dir", "runs/r0"]
-    if not (default_data_dir() / "step_traces.parquet").is_file():
+    if not (default_data_dir() / "synthetic_step_traces.parquet").is_file():
         _write_small_trace(work / "trace.csv")
         cmd += ["--data", "trace.csv"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
