@@ -584,6 +584,17 @@ def _add_resolver_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-datasheet", metavar="FILE", help="GPU datasheet JSON (default: built-in H100)")
 
 
+def _entry_command(sub, name: str, help: str, handler) -> argparse.ArgumentParser:
+    """A command on one archived entry that writes results: ID, --run-dir, --json, resolver options."""
+    p = sub.add_parser(name, help=help)
+    p.add_argument("id", metavar="ID")
+    _add_run_dir(p)
+    p.add_argument("--json", metavar="FILE", help="also write the results to FILE")
+    _add_resolver_options(p)
+    p.set_defaults(handler=handler)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="Evolve vLLM step-time models and export them to BLIS (Go).")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -620,22 +631,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true", help="print JSON instead of a table")
     q.set_defaults(handler=cmd_archive_best)
 
-    p = sub.add_parser("score", help="per-step error of an entry on step traces")
-    p.add_argument("id", metavar="ID")
+    p = _entry_command(sub, "score", "per-step error of an entry on step traces", cmd_score)
     p.add_argument("--data", nargs="+", action="extend", required=True, metavar="PATH", help="step trace files or folders")
-    _add_run_dir(p)
-    p.add_argument("--json", metavar="FILE", help="also write the results to FILE")
-    _add_resolver_options(p)
-    p.set_defaults(handler=cmd_score)
 
-    p = sub.add_parser("validate", help="replay experiments end to end with an entry")
-    p.add_argument("id", metavar="ID")
+    p = _entry_command(sub, "validate", "replay experiments end to end with an entry", cmd_validate)
     p.add_argument("--experiments", required=True, metavar="DIR")
     p.add_argument("--lomo", action="store_true", help="leave one model out: refit per held-out model")
-    _add_run_dir(p)
-    p.add_argument("--json", metavar="FILE", help="also write the results to FILE")
-    _add_resolver_options(p)
-    p.set_defaults(handler=cmd_validate)
 
     p = sub.add_parser("export-go", help="write step_time.go for BLIS")
     p.add_argument("id", metavar="ID")
