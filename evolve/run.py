@@ -106,19 +106,12 @@ def _model_entry(replay_model: tuple[str, dict]):
 
 
 def _best_seed(ctx: FitnessContext, names: list[str]):
-    from deap import gp
-
     from fitness.scoring import score_program
-    from seeds import seeds_for
 
-    from .search import build_pset, search_error, tree_to_program
+    from .search import build_pset, search_error, seed_trees, tree_to_program
 
-    pset = build_pset(names)
-    scored = []
-    for _, text in sorted(seeds_for(names).items()):
-        program = tree_to_program(gp.PrimitiveTree.from_string(text, pset))
-        scored.append((program, score_program(program, ctx)))
-    return min(scored, key=lambda it: search_error(it[1]))
+    programs = [tree_to_program(t) for t in seed_trees(names, build_pset(names))]
+    return min(((p, score_program(p, ctx)) for p in programs), key=lambda it: search_error(it[1]))
 
 
 def run_search(config: RunConfig, ui) -> list:

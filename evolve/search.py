@@ -12,15 +12,13 @@ from __future__ import annotations
 import os
 import pickle
 import random
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 from deap import base, creator, gp, tools
 
 from archive.entry import ArchiveEntry, entry_id_for
-from fitness.scoring import WORST, FitnessContext, Score, score_many
+from fitness.scoring import FitnessContext, Score, score_many
 from seeds import seeds_for
 
 from .config import RunConfig
@@ -61,6 +59,11 @@ def _ensure_creator(n_objectives: int) -> None:
     ind = f"StepTree{n_objectives}"
     if not hasattr(creator, ind):
         creator.create(ind, gp.PrimitiveTree, fitness=getattr(creator, name))
+
+
+def seed_trees(primitive_names: list[str], pset: gp.PrimitiveSet) -> list[gp.PrimitiveTree]:
+    """The known models of ``seeds/`` that this run's primitives support, as trees."""
+    return [gp.PrimitiveTree.from_string(text, pset) for _, text in sorted(seeds_for(primitive_names).items())]
 
 
 def tree_to_program(tree: gp.PrimitiveTree) -> Program:
@@ -284,10 +287,7 @@ class Search:
         return self.Individual(nodes)
 
     def _seed_trees(self) -> list:
-        trees = []
-        for _, text in sorted(seeds_for(self.names).items()):
-            trees.append(self.Individual(gp.PrimitiveTree.from_string(text, self.pset)))
-        return trees
+        return [self.Individual(t) for t in seed_trees(self.names, self.pset)]
 
     # -- the loop --------------------------------------------------------------
     def initialise(self) -> None:

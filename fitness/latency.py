@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import sympy as sp
 
-from evolve.expression import LAMBDIFY_MODULES, SCALAR_MODULES, parse_infix, symbol
+from evolve.expression import SCALAR_MODULES, parse_infix, symbol
 from primitives.compute import BatchPrimitives
 from primitives.deployment import Deployment
 
@@ -46,7 +46,6 @@ class ExpressionLatencyModel:
         self.expr = expr
         self.names = sorted(s.name for s in expr.free_symbols)
         self._primitives = BatchPrimitives(deployment, self.names)
-        self._fn = sp.lambdify([symbol(n) for n in self.names], expr, modules=LAMBDIFY_MODULES)
         self._scalar_fn = sp.lambdify([symbol(n) for n in self.names], expr, modules=SCALAR_MODULES)
         o = full_overheads(overheads)
         self.queueing_base_us = o["queueing_base_us"]
@@ -67,13 +66,6 @@ class ExpressionLatencyModel:
         except (ZeroDivisionError, OverflowError, ValueError):
             value = float("nan")
         return value if value > 1.0 else 1.0  # floor at 1 µs; NaN also becomes 1 µs
-
-    def step_times_us(self, columns: dict[str, np.ndarray]) -> np.ndarray:
-        """Vectorised over many steps' primitive columns (teacher-forced replay)."""
-        n = len(next(iter(columns.values())))
-        with np.errstate(all="ignore"):
-            out = np.broadcast_to(np.asarray(self._fn(*[columns[c] for c in self.names]), dtype=float), (n,))
-        return np.maximum(np.nan_to_num(out, nan=1.0), 1.0)
 
     def queueing_time_us(self, input_len) -> np.ndarray:
         return self.queueing_base_us + self.queueing_per_input_token_us * np.asarray(input_len, dtype=float)

@@ -16,7 +16,7 @@ import numpy as np
 import sympy as sp
 from joblib import Parallel, delayed
 
-from evolve.expression import LAMBDIFY_MODULES, parse_infix, symbol, to_infix
+from evolve.expression import evaluate_expr, parse_infix, to_infix
 from primitives.deployment import DeploymentResolver
 from primitives.errors import InputError
 
@@ -138,19 +138,9 @@ class _SympyTerm:
 
     def __init__(self, expr: sp.Expr):
         self.text = to_infix(expr)
-        self._fn = None
 
     def __call__(self, columns, n: int) -> np.ndarray:
-        if self._fn is None:
-            expr = parse_infix(self.text)
-            self.names = sorted(s.name for s in expr.free_symbols)
-            self._fn = sp.lambdify([symbol(x) for x in self.names], expr, modules=LAMBDIFY_MODULES)
-        with np.errstate(all="ignore"):
-            out = self._fn(*[columns[x] for x in self.names])
-        return np.broadcast_to(np.asarray(out, dtype=float), (n,))
-
-    def __getstate__(self):
-        return {"text": self.text, "_fn": None}
+        return evaluate_expr(parse_infix(self.text), columns)
 
 
 def _plot_path(entry, suffix: str) -> Path:

@@ -21,9 +21,6 @@ from .registry import (
     REQUEST_FIELDS,
 )
 
-_REQUEST_ARGS = [s.name for s in REQUEST_FIELDS]
-
-
 @lru_cache(maxsize=None)
 def _per_request_fn(name: str):
     f = FEATURE_BY_NAME[name]
@@ -156,5 +153,4 @@ __all__ = [
     "primitive_columns",
     "constant_columns",
     "BatchPrimitives",
-    "_REQUEST_ARGS",
 ]
