@@ -1,10 +1,14 @@
 """Replayed-experiment rows for the search: closed-loop trajectories -> linear forms.
 
-A reference model drives the closed-loop simulation of every experiment once; the
-recorded batches (teacher forcing) then turn each experiment's mean E2E, TTFT and ITL
-into linear functions of a candidate's per-step times (``fitness.replay``). The search
-refreshes the trajectories with its current best model now and then, so the fixed
-batches stay close to the ones the candidates would produce.
+A reference model drives the closed-loop simulation of every experiment once, scaled to
+the experiment's observed ITL (``anchor``); the recorded batches (teacher forcing) then
+turn each experiment's mean E2E, TTFT and ITL into linear functions of a candidate's
+per-step times (``fitness.replay``). A second closed-loop run 3% apart measures how much
+more the closed loop moves each mean than teacher forcing does, and the forms are
+linearised around the recording with that gain (``linearise``): near saturation the
+search then sees the closed loop's sensitivity. The search refreshes the trajectories
+with its current best model now and then, so the fixed batches stay close to the ones
+the candidates would produce.
 """
 from __future__ import annotations
 
@@ -42,6 +46,8 @@ class ExperimentTrajectory:
     fixed_us: np.ndarray
     observed_us: np.ndarray
     labels: list[tuple[str, str]]
+    gain: np.ndarray  # per row: closed-loop change per teacher-forced change (see closed_loop_gain)
+    probes: dict[str, np.ndarray]  # primitives of single uncompressed steps (see probe_steps)
 
 
 def row_labels(spec: ExperimentSpec) -> list[tuple[str, str]]:
@@ -112,27 +118,107 @@ class AnchoredModel:
         return getattr(self.model, name)
 
 
-ANCHOR_PASSES = 2  # closed-loop passes that refine the ITL anchor before recording
+ANCHOR_PASSES = 7  # closed-loop passes at most while solving for the ITL anchor
+ANCHOR_TOLERANCE = 0.01  # |predicted / observed ITL - 1| that counts as anchored
 ANCHOR_LIMITS = (0.5, 2.0)
+GAIN_STEP = 0.03  # relative step-time change behind the closed-loop gain
+GAIN_LIMITS = (0.5, 10.0)
 
 
-def anchored(spec: ExperimentSpec, deployment, model, seed: int):
-    """The model scaled so that the closed loop reproduces the observed mean ITL."""
+@dataclass
+class Anchor:
+    """The scale that puts an experiment's closed loop at its observed ITL, and the passes that found it."""
+
+    scale: float
+    passes: list[tuple[float, object]]  # (scale, ObservedMetrics) of every closed-loop pass
+
+
+def anchor(spec: ExperimentSpec, deployment, model, seed: int) -> Anchor:
+    """Solve ``ITL_closed_loop(scale * model) = ITL_observed`` for the scale.
+
+    Near saturation the closed-loop ITL grows much faster than the scale (Llama-2-7B at
+    20 req/s), so a plain fixed-point iteration overshoots and oscillates; this brackets
+    the root in log scale and narrows it by secant steps kept inside the bracket.
+    """
     obs = spec.observed.summary.itl_mean_s if spec.observed is not None else None
+    passes: list[tuple[float, object]] = []
     if not obs:
-        return model
-    scale = 1.0
+        return Anchor(1.0, passes)
+    lo_x, hi_x = np.log(ANCHOR_LIMITS[0]), np.log(ANCHOR_LIMITS[1])
+    below: tuple[float, float] | None = None  # (log scale, log ITL ratio) of a pass with ITL too low
+    above: tuple[float, float] | None = None
+    x, best = 0.0, (np.inf, 1.0)
     for _ in range(ANCHOR_PASSES):
-        pred = simulate(spec, deployment, AnchoredModel(model, scale), seed=seed, record=False).metrics.summary
-        if not pred.itl_mean_s:
+        metrics = simulate(spec, deployment, AnchoredModel(model, np.exp(x)), seed=seed, record=False).metrics
+        passes.append((float(np.exp(x)), metrics))
+        pred = metrics.summary.itl_mean_s
+        if not pred:
             break
-        scale = float(np.clip(scale * obs / pred.itl_mean_s, *ANCHOR_LIMITS))
-    return AnchoredModel(model, scale)
+        g = float(np.log(pred / obs))
+        if abs(g) < best[0]:
+            best = (abs(g), float(np.exp(x)))
+        if abs(g) < np.log1p(ANCHOR_TOLERANCE):
+            break
+        if g < 0:
+            below = (x, g)
+        else:
+            above = (x, g)
+        if below is not None and above is not None:
+            (xb, gb), (xa, ga) = below, above
+            width = xa - xb
+            x_new = xb - gb * width / (ga - gb)
+            lo, hi = sorted((xb, xa))
+            x_new = float(np.clip(x_new, lo + 0.1 * abs(width), hi - 0.1 * abs(width)))
+        else:
+            x_new = x - g  # ITL proportional to the scale: exact far from saturation
+        x_new = float(np.clip(x_new, lo_x, hi_x))
+        if x_new == x:
+            break
+        x = x_new
+    return Anchor(best[1], passes)
+
+
+def closed_loop_gain(labels: list[tuple[str, str]], at, nearby, ratio: float, step_part_us: np.ndarray) -> np.ndarray:
+    """How far each replayed mean moves in the closed loop per µs it moves teacher-forced.
+
+    ``at`` and ``nearby`` are the metrics of two closed-loop runs whose step times differ
+    by the factor ``ratio``; ``step_part_us`` is each row's step-time part on the
+    recording (``w @ step_time_us``), i.e. what the same change moves it by with the
+    batches held fixed. Far from saturation the two agree (gain ~1); near it the batches
+    grow with the step time and the closed loop multiplies the change (Llama-2-70B
+    general's TTFT: ~8). Clipped to GAIN_LIMITS.
+    """
+    out = np.ones(len(labels))
+    for i, (m, scope) in enumerate(labels):
+        a, b = _scope(at, scope), _scope(nearby, scope)
+        va = getattr(a, OBSERVED_FIELDS[m]) if a is not None else None
+        vb = getattr(b, OBSERVED_FIELDS[m]) if b is not None else None
+        forced = (ratio - 1.0) * step_part_us[i]
+        if va and vb and abs(forced) > 0:
+            out[i] = (vb - va) * US / forced
+    return np.clip(np.nan_to_num(out, nan=1.0), *GAIN_LIMITS)
+
+
+def linearise(weights: np.ndarray, fixed_us: np.ndarray, step_time_us: np.ndarray, gain: np.ndarray):
+    """Teacher-forced forms -> first-order closed-loop forms around the recording.
+
+    closed loop ~ recorded + gain * (teacher-forced change of the step part), so a row
+    ``w @ t + oh @ theta + fixed`` becomes ``gain*w @ t + oh @ theta + fixed + (1 - gain) * w @ t_rec``:
+    still linear in the candidate's step times, equal to the recording at the recording,
+    and equal to plain teacher forcing where the gain is 1.
+    """
+    recorded_part = weights @ step_time_us
+    return weights * gain[:, None], fixed_us + (1.0 - gain) * recorded_part
+
+
+def _scope(metrics, scope: str):
+    return metrics.summary if scope == "all" else _stage(metrics, scope)
 
 
 def _trajectory(spec: ExperimentSpec, deployment, model, names: list[str], seed: int) -> ExperimentTrajectory:
-    model = anchored(spec, deployment, model, seed)
-    result = simulate(spec, deployment, model, seed=seed, record=True)
+    a = anchor(spec, deployment, model, seed)
+    recorder = AnchoredModel(model, a.scale) if a.passes else model
+    result = simulate(spec, deployment, recorder, seed=seed, record=True)
     traj = result.trajectory
     feats = traj.features()
     cols = primitive_columns(feats, deployment.constants, names)
@@ -145,15 +231,52 @@ def _trajectory(spec: ExperimentSpec, deployment, model, names: list[str], seed:
         weights.append(w)
         overhead.append([const.get(c, 0.0) for c in OVERHEAD_COLUMNS])
         # the overheads the search does not fit enter at the model's own values
-        fixed.append(sum(const.get(n, 0.0) * float(getattr(model, n, getattr(Overheads, n, 0.0))) for n in fixed_names))
+        fixed.append(sum(const.get(n, 0.0) * float(getattr(recorder, n, getattr(Overheads, n, 0.0))) for n in fixed_names))
+    weights, fixed = np.asarray(weights), np.asarray(fixed, dtype=float)
     observed = observed_us(spec, labels)
-    observed = distrust_spurious_queues(labels, np.asarray(weights), traj.step_time_us, observed)
-    cols, weights = compress_steps(cols, np.asarray(weights), STEP_STRIDE)
+    observed = distrust_spurious_queues(labels, weights, traj.step_time_us, observed)
+    gain = np.ones(len(labels))
+    if a.passes:
+        # the nearest other pass if close enough for a local slope, else one more run
+        near = [(s, m) for s, m in a.passes if 0.005 < abs(np.log(s / a.scale)) < 0.04]
+        if near:
+            s2, m2 = min(near, key=lambda it: abs(np.log(it[0] / a.scale)))
+        else:
+            s2 = a.scale * (1 + GAIN_STEP)
+            m2 = simulate(spec, deployment, AnchoredModel(model, s2), seed=seed, record=False).metrics
+        gain = closed_loop_gain(labels, result.metrics, m2, s2 / a.scale, weights @ traj.step_time_us)
+        weights, fixed = linearise(weights, fixed, traj.step_time_us, gain)
+    probes = {k: v[probe_steps(feats, cols)] for k, v in cols.items()}
+    cols, weights = compress_steps(cols, weights, STEP_STRIDE)
     return ExperimentTrajectory(
         name=spec.name, model=deployment.model.name, columns=cols, weights=weights,
-        overhead=np.asarray(overhead, dtype=float), fixed_us=np.asarray(fixed, dtype=float),
-        observed_us=observed, labels=labels,
+        overhead=np.asarray(overhead, dtype=float), fixed_us=fixed,
+        observed_us=observed, labels=labels, gain=gain, probes=probes,
     )
+
+
+PROBE_SAMPLE = 256  # evenly spaced steps, and as many of the pure-prefill ones
+
+
+def probe_steps(features: dict[str, np.ndarray], columns: dict[str, np.ndarray]) -> np.ndarray:
+    """Indices of single steps every candidate must give a positive time.
+
+    The replayed rows average blocks of steps, which hides a term that goes negative on
+    a rare kind of batch (a search found ``c*(num_decode_reqs - max(decode_tokens, r))``
+    with c ~ 3e7: zero on every block, hugely negative on pure-prefill steps, where the
+    1 µs floor then made prefill free). Probes: evenly spaced steps, pure-prefill
+    steps, and the extremes of every primitive.
+    """
+    n = len(next(iter(columns.values()))) if columns else 0
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    picks = [np.linspace(0, n - 1, min(n, PROBE_SAMPLE)).astype(np.int64)]
+    prefill_only = np.flatnonzero(features.get("decode_tokens", np.ones(n)) == 0)
+    if len(prefill_only):
+        picks.append(prefill_only[np.linspace(0, len(prefill_only) - 1, min(len(prefill_only), PROBE_SAMPLE)).astype(np.int64)])
+    for v in columns.values():
+        picks.append(np.array([int(np.argmin(v)), int(np.argmax(v))]))
+    return np.unique(np.concatenate(picks))
 
 
 SPURIOUS_QUEUE_FACTOR = 3.0
@@ -213,7 +336,7 @@ def rows_from(trajs: list[ExperimentTrajectory]) -> ReplayRows:
         names=[t.name for t in trajs], models=[t.model for t in trajs], columns=[t.columns for t in trajs],
         weights=[t.weights for t in trajs], overhead=[t.overhead for t in trajs],
         fixed_us=[t.fixed_us for t in trajs], observed_us=[t.observed_us for t in trajs],
-        labels=[t.labels for t in trajs],
+        labels=[t.labels for t in trajs], probes=[t.probes for t in trajs],
     )
 
 

@@ -34,7 +34,9 @@ class ReplayRows:
     the whole run (scope "all") or one load stage ("stage_0", ...), in µs:
     ``mean = weights[e][i] @ step_time_us + overhead[e][i] @ theta + fixed_us[e][i]``,
     with theta the OVERHEAD_COLUMNS values and ``fixed_us`` the known terms (event gap).
-    Stage rows pin how latency grows with load; the reported errors use "all" rows.
+    The forms are teacher-forced or, from ``fitness.replay_context``, linearised around
+    the recording with each row's closed-loop gain. Stage rows pin how latency grows
+    with load; the reported errors use "all" rows.
     """
 
     names: list[str]
@@ -45,11 +47,14 @@ class ReplayRows:
     fixed_us: list[np.ndarray]  # per experiment: (n_rows,)
     observed_us: list[np.ndarray]  # per experiment: (n_rows,), NaN when unknown
     labels: list[list[tuple[str, str]]]  # per experiment: (metric, scope) of each row
+    # per experiment: primitives of single recorded steps where the step time must be > 0
+    probes: list[dict[str, np.ndarray]] | None = None
 
     def subset(self, keep: list[int]) -> "ReplayRows":
         pick = lambda xs: [xs[i] for i in keep]  # noqa: E731
         return ReplayRows(pick(self.names), pick(self.models), pick(self.columns), pick(self.weights),
-                          pick(self.overhead), pick(self.fixed_us), pick(self.observed_us), pick(self.labels))
+                          pick(self.overhead), pick(self.fixed_us), pick(self.observed_us), pick(self.labels),
+                          pick(self.probes) if self.probes is not None else None)
 
 
 @dataclass
@@ -233,6 +238,8 @@ def fit_terms(term_fns: list[TermFn], ctx: FitnessContext, detail: bool = False,
     if theta is None:
         return _worst()
     coefs, intercept, over = theta[:k], float(theta[k]), theta[k + 1 :]
+    if ctx.replay is not None and ctx.replay.probes is not None and not _positive_on(ctx.replay.probes, terms, theta[: k + 1]):
+        return _worst()
     complexity = model_complexity(term_sizes or [1] * k, list(coefs), intercept)
 
     objectives: dict[str, float] = {"complexity": float(complexity)}
@@ -288,6 +295,22 @@ def fit_terms(term_fns: list[TermFn], ctx: FitnessContext, detail: bool = False,
         objectives=objectives,
         per_experiment=per_exp,
     )
+
+
+def _positive_on(probes: list[dict[str, np.ndarray]], terms: list[TermFn], theta: np.ndarray) -> bool:
+    """Whether the fitted step time is finite and > 0 on every probe step (no reliance on the floor)."""
+    for cols in probes:
+        n = len(next(iter(cols.values()))) if cols else 0
+        if n == 0:
+            continue
+        X = np.empty((n, len(terms) + 1))
+        for j, t in enumerate(terms):
+            X[:, j] = t(cols, n)
+        X[:, -1] = 1.0
+        pred = X @ theta
+        if not (np.isfinite(pred).all() and (pred > 0).all()):
+            return False
+    return True
 
 
 def score_many(programs: list[Program], ctx: FitnessContext) -> list[Score]:

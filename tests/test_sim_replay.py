@@ -117,3 +117,38 @@ def test_replay_without_batch_rows(runs):
     a = replay(slim, tr.step_time_us * 0.9, MODEL)
     b = replay(tr, tr.step_time_us * 0.9, MODEL)
     assert a == b
+
+
+def _rows(probes):
+    from fitness.scoring import ReplayRows
+
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    w = np.array([[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])  # the first and the last step time
+    return ReplayRows(names=["e"], models=["m"], columns=[{"x": x}], weights=[w], overhead=[np.zeros((2, 2))],
+                      fixed_us=[np.zeros(2)], observed_us=[w @ (10.0 * x)], labels=[[("e2e", "all"), ("itl", "all")]],
+                      probes=probes)
+
+
+def test_a_fit_that_goes_negative_on_a_probe_step_is_rejected():
+    """Replayed rows average blocks of steps; a probe is a single step that must get a time > 0."""
+    from fitness.scoring import FitnessContext, fit_terms
+
+    term = [lambda cols, n: cols["x"]]
+    ok = fit_terms(term, FitnessContext(None, _rows([{"x": np.array([0.5, 4.0])}])))
+    assert ok.ok and ok.coefficients[0] == pytest.approx(10.0)
+    bad = fit_terms(term, FitnessContext(None, _rows([{"x": np.array([-1.0, 4.0])}])))
+    assert not bad.ok
+    assert fit_terms(term, FitnessContext(None, _rows(None))).ok  # rows without probes: no check
+
+
+def test_probe_steps_cover_pure_prefill_and_the_extremes():
+    from fitness.replay_context import PROBE_SAMPLE, probe_steps
+
+    n = 10_000
+    decode = np.ones(n)
+    decode[[17, 4_001]] = 0  # two pure-prefill steps
+    kv = np.arange(n, dtype=float)
+    kv[123] = -5.0
+    idx = probe_steps({"decode_tokens": decode}, {"kv_tokens": kv})
+    assert {17, 4_001, 123, n - 1} <= set(idx.tolist())
+    assert len(idx) <= PROBE_SAMPLE + 4
