@@ -61,7 +61,7 @@ def observed_us(spec: ExperimentSpec, labels: list[tuple[str, str]]) -> np.ndarr
     if spec.observed is None:
         return out
     for i, (m, scope) in enumerate(labels):
-        src = spec.observed.summary if scope == "all" else _stage(spec.observed, scope)
+        src = _scope(spec.observed, scope)
         v = getattr(src, OBSERVED_FIELDS[m]) if src is not None else None
         if v is not None:
             out[i] = float(v) * US
@@ -199,16 +199,16 @@ def closed_loop_gain(labels: list[tuple[str, str]], at, nearby, ratio: float, st
     return np.clip(np.nan_to_num(out, nan=1.0), *GAIN_LIMITS)
 
 
-def linearise(weights: np.ndarray, fixed_us: np.ndarray, step_time_us: np.ndarray, gain: np.ndarray):
+def linearise(weights: np.ndarray, fixed_us: np.ndarray, recorded_part_us: np.ndarray, gain: np.ndarray):
     """Teacher-forced forms -> first-order closed-loop forms around the recording.
 
     closed loop ~ recorded + gain * (teacher-forced change of the step part), so a row
-    ``w @ t + oh @ theta + fixed`` becomes ``gain*w @ t + oh @ theta + fixed + (1 - gain) * w @ t_rec``:
-    still linear in the candidate's step times, equal to the recording at the recording,
-    and equal to plain teacher forcing where the gain is 1.
+    ``w @ t + oh @ theta + fixed`` becomes ``gain*w @ t + oh @ theta + fixed + (1 - gain) * w @ t_rec``
+    (``recorded_part_us`` = ``w @ t_rec``): still linear in the candidate's step times,
+    equal to the recording at the recording, and equal to plain teacher forcing where the
+    gain is 1.
     """
-    recorded_part = weights @ step_time_us
-    return weights * gain[:, None], fixed_us + (1.0 - gain) * recorded_part
+    return weights * gain[:, None], fixed_us + (1.0 - gain) * recorded_part_us
 
 
 def _scope(metrics, scope: str):
@@ -234,7 +234,8 @@ def _trajectory(spec: ExperimentSpec, deployment, model, names: list[str], seed:
         fixed.append(sum(const.get(n, 0.0) * float(getattr(recorder, n, getattr(Overheads, n, 0.0))) for n in fixed_names))
     weights, fixed = np.asarray(weights), np.asarray(fixed, dtype=float)
     observed = observed_us(spec, labels)
-    observed = distrust_spurious_queues(labels, weights, traj.step_time_us, observed)
+    recorded_part_us = weights @ traj.step_time_us  # each row's step-time part on the recording
+    observed = distrust_spurious_queues(labels, recorded_part_us, observed)
     gain = np.ones(len(labels))
     if a.passes:
         # the nearest other pass if close enough for a local slope, else one more run
@@ -244,8 +245,8 @@ def _trajectory(spec: ExperimentSpec, deployment, model, names: list[str], seed:
         else:
             s2 = a.scale * (1 + GAIN_STEP)
             m2 = simulate(spec, deployment, AnchoredModel(model, s2), seed=seed, record=False).metrics
-        gain = closed_loop_gain(labels, result.metrics, m2, s2 / a.scale, weights @ traj.step_time_us)
-        weights, fixed = linearise(weights, fixed, traj.step_time_us, gain)
+        gain = closed_loop_gain(labels, result.metrics, m2, s2 / a.scale, recorded_part_us)
+        weights, fixed = linearise(weights, fixed, recorded_part_us, gain)
     probes = {k: v[probe_steps(feats, cols)] for k, v in cols.items()}
     cols, weights = compress_steps(cols, weights, STEP_STRIDE)
     return ExperimentTrajectory(
@@ -282,7 +283,7 @@ def probe_steps(features: dict[str, np.ndarray], columns: dict[str, np.ndarray])
 SPURIOUS_QUEUE_FACTOR = 3.0
 
 
-def distrust_spurious_queues(labels, weights: np.ndarray, step_time_us: np.ndarray, observed: np.ndarray) -> np.ndarray:
+def distrust_spurious_queues(labels, recorded_part_us: np.ndarray, observed: np.ndarray) -> np.ndarray:
     """Drop the E2E and TTFT rows of a scope whose recording queued where the server did not.
 
     Near saturation even an ITL-anchored recording can fill every slot and queue for
@@ -292,7 +293,7 @@ def distrust_spurious_queues(labels, weights: np.ndarray, step_time_us: np.ndarr
     mean TTFT exceeds SPURIOUS_QUEUE_FACTOR times the observed one.
     """
     out = observed.copy()
-    own = {lab: float(w @ step_time_us) for lab, w in zip(labels, weights)}
+    own = dict(zip(labels, recorded_part_us.tolist()))  # the recording's own means (step part)
     for i, (m, scope) in enumerate(labels):
         ttft_obs = next((observed[j] for j, lab in enumerate(labels) if lab == ("ttft", scope)), np.nan)
         if m in ("e2e", "ttft") and np.isfinite(ttft_obs) and own[("ttft", scope)] > SPURIOUS_QUEUE_FACTOR * ttft_obs:

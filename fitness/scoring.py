@@ -155,6 +155,15 @@ def _nnls_normal(A: np.ndarray, b: np.ndarray) -> np.ndarray | None:
 TermFn = Callable[[Mapping[str, np.ndarray], int], np.ndarray]
 
 
+def _design(terms: list[TermFn], columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+    """(n, k + 1): each term on the rows, then the intercept's column of ones."""
+    X = np.empty((n, len(terms) + 1))
+    for j, t in enumerate(terms):
+        X[:, j] = t(columns, n)
+    X[:, -1] = 1.0
+    return X
+
+
 def score_program(program: Program, ctx: FitnessContext, detail: bool = False) -> Score:
     """Fit and score one candidate. Never raises on numeric trouble: NaN/inf -> WORST.
 
@@ -191,10 +200,7 @@ def fit_terms(term_fns: list[TermFn], ctx: FitnessContext, detail: bool = False,
     step_X = None
     if st is not None:
         prep = _prep(st)
-        step_X = np.empty((st.n, k + 1))
-        for j, t in enumerate(terms):
-            step_X[:, j] = t(st.columns, st.n)
-        step_X[:, k] = 1.0
+        step_X = _design(terms, st.columns, st.n)
         if not np.isfinite(step_X).all():
             return _worst()
         a = step_X[prep.train] * prep.w[:, None]
@@ -212,11 +218,7 @@ def fit_terms(term_fns: list[TermFn], ctx: FitnessContext, detail: bool = False,
             if not np.isfinite(obs).any():
                 continue
             cols = rp.columns[e]
-            n_e = rp.weights[e].shape[1]
-            T = np.empty((n_e, k + 1))
-            for j, t in enumerate(terms):
-                T[:, j] = t(cols, n_e)
-            T[:, k] = 1.0
+            T = _design(terms, cols, rp.weights[e].shape[1])
             if not np.isfinite(T).all():
                 return _worst()
             rows = np.hstack([rp.weights[e] @ T, rp.overhead[e]])
@@ -303,11 +305,7 @@ def _positive_on(probes: list[dict[str, np.ndarray]], terms: list[TermFn], theta
         n = len(next(iter(cols.values()))) if cols else 0
         if n == 0:
             continue
-        X = np.empty((n, len(terms) + 1))
-        for j, t in enumerate(terms):
-            X[:, j] = t(cols, n)
-        X[:, -1] = 1.0
-        pred = X @ theta
+        pred = _design(terms, cols, n) @ theta
         if not (np.isfinite(pred).all() and (pred > 0).all()):
             return False
     return True

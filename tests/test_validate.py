@@ -156,7 +156,7 @@ def test_linearise_keeps_the_recording_and_plain_teacher_forcing():
 
     rng = np.random.default_rng(0)
     w, fixed, rec = rng.random((3, 50)), rng.random(3), rng.random(50) * 1e4
-    lw, lf = linearise(w, fixed, rec, np.array([1.0, 2.5, 8.0]))
+    lw, lf = linearise(w, fixed, w @ rec, np.array([1.0, 2.5, 8.0]))
     assert np.allclose(lw @ rec + lf, w @ rec + fixed)  # unchanged at the recording
     assert np.allclose(lw[0], w[0]) and lf[0] == pytest.approx(fixed[0])  # gain 1 = teacher forcing
     other = rec * 1.02
