@@ -19,10 +19,11 @@ from scipy.optimize import nnls
 
 from evolve.expression import Program, additive_terms, evaluate_program, variables
 from .dataset import StepTable
+from .latency import full_overheads
 
 WORST = 1e9  # the score of a candidate that produced NaN/inf or fitted nothing
 REPLAY_METRICS = ("e2e", "ttft", "itl")
-# Non-step terms fitted from the replayed TTFT/E2E (µs); see fitness.overheads for semantics.
+# Non-step terms fitted from the replayed TTFT/E2E (µs); see fitness.latency for their semantics.
 OVERHEAD_COLUMNS = ("queueing_base_us", "queueing_per_input_token_us")
 
 
@@ -285,7 +286,9 @@ def fit_terms(term_fns: list[TermFn], ctx: FitnessContext, detail: bool = False,
         objectives["replay_error"] = replay_error
         if st is None:
             train_error = replay_error
-    overheads = {name: float(v) for name, v in zip(OVERHEAD_COLUMNS, over)}
+    # with replayed experiments every non-step term is stored, those not fitted at 0 (README:
+    # "Non-step terms" says why they cannot be told apart or fitted from these data)
+    overheads = full_overheads({name: float(v) for name, v in zip(OVERHEAD_COLUMNS, over)}) if n_over else {}
     return Score(
         train_error=train_error if np.isfinite(train_error) else WORST,
         replay_error=replay_error,

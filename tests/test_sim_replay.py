@@ -152,3 +152,15 @@ def test_probe_steps_cover_pure_prefill_and_the_extremes():
     idx = probe_steps({"decode_tokens": decode}, {"kv_tokens": kv})
     assert {17, 4_001, 123, n - 1} <= set(idx.tolist())
     assert len(idx) <= PROBE_SAMPLE + 4
+
+
+def test_a_replay_fit_stores_every_non_step_term():
+    """QueueingTime is fitted; the other non-step terms are stored too, at 0 (not fittable here)."""
+    from fitness.latency import DEFAULT_OVERHEADS
+    from fitness.scoring import FitnessContext, fit_terms
+
+    got = fit_terms([lambda cols, n: cols["x"]], FitnessContext(None, _rows(None))).overheads
+    assert set(got) == set(DEFAULT_OVERHEADS)
+    assert {"queueing_base_us", "output_token_processing_us", "scheduling_processing_us",
+            "preemption_processing_us"} <= set(got)
+    assert got["output_token_processing_us"] == got["scheduling_processing_us"] == got["preemption_processing_us"] == 0.0

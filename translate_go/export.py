@@ -274,7 +274,7 @@ def _header(entry: ArchiveEntry, deployment: Deployment, package: str, interface
     elif defaulted:
         facts.append(f"Overheads: from the archive entry; {', '.join(defaulted)} not recorded, so BLIS's default 0 µs.")
     else:
-        facts.append("Overheads: fitted values from the archive entry.")
+        facts.append("Overheads: as stored with the archive entry (fitted, or 0 where the data cannot fit them).")
     if interface == "seed":
         facts.append("post_decode_fixed_us is kept as a constant but unused: the seed interface has no such method.")
     facts.append(
