@@ -161,19 +161,21 @@ def run_search(config: RunConfig, ui) -> list:
             search.state.replay_model = replay_model
             search.save_checkpoint(root)
         ui.start(config.generations, config.time_limit_s)
-        evals_at, time_at = search.state.evaluations, time.perf_counter()
+        # the progress line's rate is the search's own: trajectory refreshes are not in it
+        evals_at, search_s = search.state.evaluations, 0.0
         status = "finished"
         try:
             while search.state.generation < config.generations:
                 if config.time_limit_s is not None and time.perf_counter() - t0 >= config.time_limit_s:
                     status = "time-limit"
                     break
+                step_t0 = time.perf_counter()
                 search.step()
+                search_s += time.perf_counter() - step_t0
                 if config.experiments and search.state.generation % _refresh_every(config) == 0 \
                         and search.state.generation < config.generations:
                     _refresh(search, config, resolver, names, ui)
-                now = time.perf_counter()
-                rate = (search.state.evaluations - evals_at) / max(now - time_at, 1e-9)
+                rate = (search.state.evaluations - evals_at) / max(search_s, 1e-9)
                 ui.update(search.state.generation, search.best_error(), len(search.front()), rate)
                 if search.state.generation % max(config.checkpoint_every, 1) == 0:
                     _record(store, search, meta)
