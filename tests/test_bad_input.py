@@ -67,6 +67,16 @@ def run_args(data, *extra):
     return ["run", "--generations", "1", "--population", "8", "--data", data, "--run-dir", "runs/x", *extra]
 
 
+@pytest.fixture
+def read_only_dir(work):
+    """``work/ro``, read-only for the test, writable again afterwards (so tmp_path can be cleaned)."""
+    ro = work / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    yield ro
+    ro.chmod(0o755)
+
+
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory):
     """A real (tiny) run directory and the id of an entry on its front."""
@@ -418,15 +428,10 @@ def test_score_json_below_a_file_says_why(archive, work, capsys):
 
 
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into read-only directories")
-def test_score_json_into_a_read_only_directory(archive, work, capsys):
+def test_score_json_into_a_read_only_directory(archive, read_only_dir, capsys):
     run_dir, entry_id, data = archive
-    ro = work / "ro"
-    ro.mkdir()
-    ro.chmod(0o555)
-    try:
-        rc, _, err = call(["score", entry_id, "--data", data, "--run-dir", run_dir, "--json", ro / "x.json"], capsys)
-    finally:
-        ro.chmod(0o755)
+    rc, _, err = call(["score", entry_id, "--data", data, "--run-dir", run_dir, "--json", read_only_dir / "x.json"],
+                      capsys)
     assert_one_line_error(rc, err, "x.json", "--json", "permission denied")
 
 
@@ -439,15 +444,9 @@ def test_export_go_into_an_unwritable_place(out, archive, work, capsys):
 
 
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into read-only directories")
-def test_export_go_into_a_read_only_directory(archive, work, capsys):
+def test_export_go_into_a_read_only_directory(archive, read_only_dir, capsys):
     run_dir, entry_id, _ = archive
-    ro = work / "ro"
-    ro.mkdir()
-    ro.chmod(0o555)
-    try:
-        rc, _, err = call(["export-go", entry_id, "--out", ro, "--run-dir", run_dir], capsys)
-    finally:
-        ro.chmod(0o755)
+    rc, _, err = call(["export-go", entry_id, "--out", read_only_dir, "--run-dir", run_dir], capsys)
     assert_one_line_error(rc, err, "ro", "--out")
 
 
