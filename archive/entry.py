@@ -13,7 +13,7 @@ def entry_id_for(simplified_expression: str) -> str:
 @dataclass
 class ArchiveEntry:
     id: str
-    expression: str  # readable infix, parsable by evolve.expression.parse_infix (sympy)
+    expression: str  # readable infix, parsable by primitives.language.parse_infix (sympy)
     simplified: str  # sympy-simplified infix
     complexity: int
     constants: list[float]  # fitted coefficients, in the order they appear in `expression`

@@ -28,9 +28,10 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fitness.experiments import find_experiments, shared_data_root  # noqa: E402
-from fitness.replay import evaluate_weights, metric_weights, replay  # noqa: E402
-from fitness.simulator import PhysicsLatencyModel, simulate  # noqa: E402
+from primitives.data.experiments import find_experiments  # noqa: E402
+from primitives.data.roots import shared_data_root  # noqa: E402
+from fitness.sim.replay import evaluate_weights, metric_weights, replay  # noqa: E402
+from fitness.sim.simulator import PhysicsLatencyModel, simulate  # noqa: E402
 from primitives.deployment import DeploymentResolver  # noqa: E402
 from primitives.errors import InputError  # noqa: E402
 

@@ -50,7 +50,8 @@ sys.path.insert(0, str(ROOT))
 from fitness.dataset import StepTable, build_step_table  # noqa: E402
 from primitives.deployment import default_resolver  # noqa: E402
 from primitives.registry import AGGREGATE_FEATURES, supported_primitives  # noqa: E402
-from primitives.traces import load_steps, shared_dir  # noqa: E402
+from primitives.data.roots import shared_data_root  # noqa: E402
+from primitives.data.traces import load_steps  # noqa: E402
 
 COMPLEXITY_CAPS = (10, 20, 40)
 HV_COMPLEXITY_SCALE = 40.0
@@ -60,7 +61,7 @@ SYSTEMS = ("stepsynth", "pyoperon", "gplearn")
 
 # --- data ---------------------------------------------------------------------------
 def load_table() -> tuple[StepTable, Path]:
-    data_dir = shared_dir() / "data" / "steps"
+    data_dir = shared_data_root() / "data" / "steps"
     if not (data_dir / "step_traces.parquet").is_file():
         sys.exit(f"shared step traces not found in {data_dir} (set STEPSYNTH_SHARED to the shared/ folder)")
     data = load_steps([data_dir])
@@ -180,7 +181,7 @@ def summarise(name: str, models: list[dict], wall_s: float, note: str = "") -> d
 
 # --- systems --------------------------------------------------------------------------
 def run_stepsynth(table: StepTable, data_dir: Path, budget_s: float, jobs: int, seed: int, workdir: Path) -> dict:
-    from evolve.expression import evaluate_expr, parse_infix
+    from primitives.language import evaluate_expr, parse_infix
 
     run_dir = workdir / "stepsynth-run"
     cmd = [sys.executable, "-m", "evolve", "run", "--data", str(data_dir), "--time-limit", f"{budget_s:g}",

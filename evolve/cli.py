@@ -340,19 +340,19 @@ def _sympy_form(entry: ArchiveEntry) -> tuple[Any, str]:
     """The entry's simplified form as (sympy expression or None, text to show).
 
     The archive stores it (``evolve.search.entry_from`` runs
-    ``evolve.expression.simplify_expression``: constants folded, sympy.simplify where
+    ``primitives.language.simplify_expression``: constants folded, sympy.simplify where
     cheap); entries without one are simplified here the same way.
     """
     try:
-        parse_infix = _lazy("evolve.expression", "parse_infix")
-        simplify_expression = _lazy("evolve.expression", "simplify_expression")
+        parse_infix = _lazy("primitives.language", "parse_infix")
+        simplify_expression = _lazy("primitives.language", "simplify_expression")
     except _Unavailable as exc:
         return None, entry.simplified or f"(unavailable: {exc})"
     try:
         if entry.simplified:
             return parse_infix(entry.simplified), entry.simplified
         expr = simplify_expression(parse_infix(entry.expression))
-        to_infix = _lazy("evolve.expression", "to_infix")
+        to_infix = _lazy("primitives.language", "to_infix")
         return expr, to_infix(expr)
     except _Unavailable:
         raise

@@ -14,10 +14,11 @@ from fitness.scoring import FitnessContext
 from primitives.deployment import DeploymentResolver
 from primitives.errors import InputError, writable_dir
 from primitives.registry import supported_primitives
-from primitives.traces import default_data_dir, load_steps
+from primitives.data.roots import default_data_dir
+from primitives.data.traces import load_steps
 
 from .config import RunConfig
-from .expression import linear_model_sympy, to_infix
+from primitives.language import linear_model_sympy, to_infix
 from .search import CHECKPOINT_NAME, Evaluator, Search, entry_from
 
 RUN_CONFIG_NAME = "run.json"
@@ -280,7 +281,7 @@ def _record(store: ArchiveStore, search: Search, meta: dict, final: bool = False
 
 def _entry(search: Search, program, score, meta: dict, simplify: bool = False):
     """Archive entries are built once per candidate and context (and once more simplified)."""
-    from .expression import canonical
+    from primitives.language import canonical
 
     key = (canonical(program), id(search.ctx), simplify)
     if key not in search.entries:

@@ -2,7 +2,7 @@
 
 NSGA-II (mu + lambda) on (training cycle-time error, complexity), plus the replayed
 latency error when experiments are given. Candidates are scored in a joblib pool as
-picklable programs (``evolve.expression``), memoised by canonical form; their
+picklable programs (``primitives.language``), memoised by canonical form; their
 additive coefficients are fitted by least squares (``fitness.scoring``). Bloat is held
 by static height and size limits and by complexity as an objective. The same seed and
 data give the same archive.
@@ -22,7 +22,7 @@ from fitness.scoring import FitnessContext, Score, score_many
 from seeds import seeds_for
 
 from .config import RunConfig
-from .expression import (
+from primitives.language import (
     OPERATORS,
     Program,
     canonical,

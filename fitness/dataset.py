@@ -9,7 +9,7 @@ from primitives.compute import constant_columns, features_from_requests, primiti
 from primitives.deployment import Deployment, DeploymentResolver
 from primitives.errors import InputError
 from primitives.registry import AGGREGATE_FEATURES, supported_primitives
-from primitives.traces import StepData
+from primitives.data.traces import StepData
 
 
 @dataclass

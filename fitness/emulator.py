@@ -1,9 +1,9 @@
 """A reference emulator of vLLM on H100: the hidden physics behind the embedded default data.
 
-The project ships a synthetic step-trace dataset (``fitness/default_data``) so that a
+The project ships a synthetic step-trace dataset (``primitives/data/embedded``) so that a
 search runs without the withheld real traces. This module makes it:
 
-* **Serving** is the project's own closed-loop simulation (``fitness.simulator``: the
+* **Serving** is the project's own closed-loop simulation (``fitness.sim.simulator``: the
   inference-perf load generator and the vLLM V1 scheduler with chunked prefill, prefix
   caching and preemption), run on the 16 experiments of the real study: 4 models
   (Llama-2-7B TP1, Llama-2-70B TP4, CodeLlama-34B TP2, Mixtral-8x7B TP2) x 4 workloads
@@ -66,7 +66,7 @@ How the flat columns are derived from the simulation (``generate_experiment``):
 With these constants the GPU side binds for all four deployments; the CPU path only
 matters for much smaller models or far larger batches.
 
-Regenerate with ``python -m fitness.emulator --out fitness/default_data --seed 0``
+Regenerate with ``python -m fitness.emulator --out primitives/data/embedded --seed 0``
 (deterministic: the same seed gives identical rows).
 """
 from __future__ import annotations
@@ -82,6 +82,7 @@ from pathlib import Path
 import numpy as np
 
 from primitives.deployment import KV_BLOCK_TOKENS, Deployment, DeploymentResolver
+from primitives.data.roots import default_data_dir
 from primitives.errors import InputError
 
 GENERATOR_VERSION = "1.0.0"
@@ -89,7 +90,7 @@ DEFAULT_SEED = 0
 DEFAULT_SAMPLE_FRACTION = 0.10  # the real tracer kept about 10 % of steps
 DURATION_SCALE = 0.5  # every load stage runs for this fraction of its real duration
 GPU_MEMORY_UTILIZATION = 0.9
-DEFAULT_DATA_DIR = Path(__file__).resolve().parent / "default_data"
+DEFAULT_DATA_DIR = default_data_dir()
 STEP_TRACES_FILE = "synthetic_step_traces.parquet"
 STEP_REQUESTS_FILE = "synthetic_step_requests.parquet"
 METADATA_FILE = "metadata.json"
@@ -324,12 +325,12 @@ def expected_noise_floor_mape(sigma: float) -> float:
 
 
 # ---------------------------------------------------------------------------
-# The emulated server: the hidden physics as a LatencyModel of fitness.simulator
+# The emulated server: the hidden physics as a LatencyModel of fitness.sim.simulator
 
 
 @dataclass(frozen=True)
 class ServerOverheads:
-    """The emulated server's non-step latencies (µs), as ``fitness.simulator`` reads them."""
+    """The emulated server's non-step latencies (µs), as ``fitness.sim.simulator`` reads them."""
 
     queueing_base_us: float = 2500.0  # HTTP + tokenisation, arrival -> scheduler queue
     queueing_per_input_token_us: float = 1.0
@@ -339,7 +340,7 @@ class ServerOverheads:
 
 
 class EmulatedVLLM:
-    """Duck-typed ``fitness.simulator.LatencyModel``: hidden physics plus seeded noise.
+    """Duck-typed ``fitness.sim.simulator.LatencyModel``: hidden physics plus seeded noise.
 
     ``step_time_us`` draws one lognormal factor per call from its own generator, so a
     run is deterministic for a seed (the simulator calls it once per step, in order).
@@ -412,7 +413,7 @@ TS_ORIGIN_NS = 10_000_000_000_000  # a monotonic-clock origin, like the real tra
 
 
 def experiment_spec(model: ServedModel, workload: Workload, duration_scale: float = DURATION_SCALE):
-    from .experiments import ExperimentSpec
+    from primitives.data.experiments import ExperimentSpec
 
     return ExperimentSpec(
         name=experiment_id(model, workload),
@@ -450,7 +451,7 @@ def _waiting_depth(traj, status: np.ndarray, kept_steps: np.ndarray) -> np.ndarr
     A request waits from its enqueue until its first admission (or its client-side abort),
     and again between a preemption and its re-admission.
     """
-    from .simulator import ABORTED, REJECTED
+    from fitness.sim.simulator import ABORTED, REJECTED
 
     start = traj.step_start_us
     n_steps = len(start)
@@ -528,8 +529,8 @@ def generate_experiment(model: ServedModel, workload: Workload, seed: int = DEFA
     """Simulate one experiment and return its sampled flat rows and per-request detail."""
     import pandas as pd
 
-    from .loadgen import build_load
-    from .simulator import simulate
+    from fitness.sim.loadgen import build_load
+    from fitness.sim.simulator import simulate
 
     physics = physics or EmulatorPhysics()
     resolver = DeploymentResolver()

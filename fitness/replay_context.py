@@ -3,7 +3,7 @@
 A reference model drives the closed-loop simulation of every experiment once, scaled to
 the experiment's observed ITL (``anchor``); the recorded batches (teacher forcing) then
 turn each experiment's mean E2E, TTFT and ITL into linear functions of a candidate's
-per-step times (``fitness.replay``). A second closed-loop run 3% apart measures how much
+per-step times (``fitness.sim.replay``). A second closed-loop run 3% apart measures how much
 more the closed loop moves each mean than teacher forcing does, and the forms are
 linearised around the recording with that gain (``linearise``): near saturation the
 search then sees the closed loop's sensitivity. The search refreshes the trajectories
@@ -22,10 +22,10 @@ from primitives.compute import primitive_columns
 from primitives.deployment import DeploymentResolver
 from primitives.errors import InputError
 
-from .experiments import ExperimentSpec, find_experiments
-from .replay import metric_weights
+from primitives.data.experiments import ExperimentSpec, find_experiments
+from fitness.sim.replay import metric_weights
 from .scoring import OVERHEAD_COLUMNS, REPLAY_METRICS, ReplayRows
-from .simulator import Overheads, simulate
+from fitness.sim.simulator import Overheads, simulate
 
 US = 1e6
 # Consecutive steps change little, so the replayed sums keep one row per block of
@@ -89,7 +89,7 @@ def reference_model(deployment):
     overload; only the batches it produces matter, and they are refreshed with fitted
     models (``calibrated_replay_rows``).
     """
-    from .latency import ExpressionLatencyModel
+    from fitness.sim.models import ExpressionLatencyModel
 
     return ExpressionLatencyModel(REFERENCE_EXPRESSION, deployment, REFERENCE_OVERHEADS)
 
@@ -351,7 +351,7 @@ def build_replay_rows(experiments_dir: Path, resolver: DeploymentResolver, table
 def refresh_replay_rows(experiments_dir: Path, resolver: DeploymentResolver, entry, names: list[str], seed: int,
                         jobs: int) -> ReplayRows:
     """Rows re-recorded with an archived model driving the closed loop."""
-    from .latency import ExpressionLatencyModel
+    from fitness.sim.models import ExpressionLatencyModel
 
     specs = scored_experiments(Path(experiments_dir))
     models = [ExpressionLatencyModel.from_entry(entry, resolver.resolve(s.model, s.tp)) for s in specs]

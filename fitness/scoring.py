@@ -17,19 +17,19 @@ from typing import Callable, Mapping
 import numpy as np
 from scipy.optimize import nnls
 
-from evolve.expression import Program, additive_terms, evaluate_program, variables
+from primitives.language import Program, additive_terms, evaluate_program, variables
 from .dataset import StepTable
-from .latency import full_overheads
+from fitness.sim.models import full_overheads
 
 WORST = 1e9  # the score of a candidate that produced NaN/inf or fitted nothing
 REPLAY_METRICS = ("e2e", "ttft", "itl")
-# Non-step terms fitted from the replayed TTFT/E2E (µs); see fitness.latency for their semantics.
+# Non-step terms fitted from the replayed TTFT/E2E (µs); see fitness.sim.models for their semantics.
 OVERHEAD_COLUMNS = ("queueing_base_us", "queueing_per_input_token_us")
 
 
 @dataclass
 class ReplayRows:
-    """Linear forms of the replayed means of each experiment (see fitness.replay.metric_weights).
+    """Linear forms of the replayed means of each experiment (see fitness.sim.replay.metric_weights).
 
     Row i of experiment e is the mean of metric ``labels[e][i] = (metric, scope)`` over
     the whole run (scope "all") or one load stage ("stage_0", ...), in µs:
@@ -331,10 +331,10 @@ def score_entry(entry, data_paths: list, resolver) -> list[dict]:
     """
     from pathlib import Path
 
-    from evolve.expression import evaluate_expr, parse_infix
+    from primitives.language import evaluate_expr, parse_infix
     from primitives.errors import InputError
     from primitives.registry import supported_primitives
-    from primitives.traces import load_steps
+    from primitives.data.traces import load_steps
 
     from .dataset import build_step_table
 

@@ -1,6 +1,6 @@
 """`python -m evolve validate`: closed-loop replay of experiments with an archived model.
 
-Every experiment under the directory is simulated end to end (``fitness.simulator``)
+Every experiment under the directory is simulated end to end (``fitness.sim.simulator``)
 with the model's step time and overheads; experiments whose results are withheld are
 simulated too, with their observed fields left null. ``--lomo`` refits the
 expression's constants without one model's experiments and validates on that model,
@@ -16,15 +16,15 @@ import numpy as np
 import sympy as sp
 from joblib import Parallel, delayed
 
-from evolve.expression import evaluate_expr, parse_infix, to_infix
+from primitives.language import evaluate_expr, parse_infix, to_infix
 from primitives.deployment import DeploymentResolver
 from primitives.errors import InputError
 
-from .experiments import ExperimentSpec, find_experiments
-from .latency import ExpressionLatencyModel
+from primitives.data.experiments import ExperimentSpec, find_experiments
+from fitness.sim.models import ExpressionLatencyModel
 from .replay_context import refresh_replay_rows, scored_experiments
 from .scoring import FitnessContext, fit_terms
-from .simulator import simulate
+from fitness.sim.simulator import simulate
 
 METRICS = ("e2e", "ttft", "itl")
 _OBS = {"e2e": "e2e_mean_s", "ttft": "ttft_mean_s", "itl": "itl_mean_s"}

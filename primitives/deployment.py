@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .builtin import BUILTIN_GPUS, BUILTIN_MODEL_CONFIGS, DEFAULT_GPU
 from .errors import InputError
+from .files import read_mapping
 
 KV_BLOCK_TOKENS = 16
 GIB = 1 << 30
@@ -230,22 +231,6 @@ def gpu_from_datasheet(sheet: dict, path: object = "<built-in>") -> GpuSpec:
     )
 
 
-def read_json(path: Path) -> dict:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise InputError(path, None, f"cannot read file ({exc.strerror})") from None
-    if not text.strip():
-        raise InputError(path, None, "the file is empty; expected a JSON object")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(path, None, f"not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    if not isinstance(data, dict):
-        raise InputError(path, None, "expected a JSON object")
-    return data
-
-
 # ---------------------------------------------------------------------------
 # Name resolution: trace names (``llama-2-70b``), HF ids and folder names.
 
@@ -289,7 +274,7 @@ class ModelCatalog:
             raise InputError(directory, "config.json", "no */config.json found below this directory")
         for f in files:
             name = f.parent.name if f.parent != directory else directory.name
-            cat.add(name, read_json(f), str(f))
+            cat.add(name, read_mapping(f, "json"), str(f))
         return cat
 
     def add(self, name: str, cfg: dict, source: str) -> None:
@@ -323,7 +308,7 @@ class DeploymentResolver:
         catalog = ModelCatalog.from_dir(model_configs) if model_configs else ModelCatalog.builtin()
         resolver = cls(catalog=catalog)
         if gpu_datasheet:
-            gpu = gpu_from_datasheet(read_json(Path(gpu_datasheet)), gpu_datasheet)
+            gpu = gpu_from_datasheet(read_mapping(gpu_datasheet, "json"), gpu_datasheet)
             resolver.gpus[gpu.name] = gpu
             resolver.default_gpu = gpu.name
         return resolver

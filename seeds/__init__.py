@@ -33,7 +33,7 @@ SEEDS: dict[str, str] = {
 
 def seed_terminals(text: str) -> set[str]:
     """Identifiers in a seed that are not operators."""
-    from evolve.expression import OPERATORS
+    from primitives.language import OPERATORS
 
     return {t for t in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text) if t not in OPERATORS}
 

@@ -1,4 +1,3 @@
-import os
 import sys
 from pathlib import Path
 
@@ -10,8 +9,9 @@ if str(ROOT) not in sys.path:
 
 
 def shared_data_dir() -> Path:
-    env = os.environ.get("STEPSYNTH_SHARED")
-    return (Path(env) if env else ROOT.parent / "shared") / "data"
+    from primitives.data.roots import shared_data_root
+
+    return shared_data_root() / "data"
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 from evolve.config import RunConfig  # noqa: E402
-from evolve.expression import canonical  # noqa: E402
+from primitives.language import canonical  # noqa: E402
 from evolve.search import Evaluator, Search  # noqa: E402
 from fitness.scoring import FitnessContext  # noqa: E402
 from primitives.errors import InputError  # noqa: E402

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from evolve.expression import (
+from primitives.language import (
     additive_terms,
     canonical,
     evaluate_expr,

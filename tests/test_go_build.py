@@ -9,7 +9,7 @@ import pytest
 import sympy as sp
 
 from archive.entry import ArchiveEntry
-from evolve.expression import pdiv, symbol, to_infix
+from primitives.language import pdiv, symbol, to_infix
 from primitives.deployment import default_resolver
 from primitives.registry import PRIMITIVES
 from translate_go.export import export_go

@@ -28,7 +28,7 @@ from archive.store import ArchiveStore, RunDir
 from evolve.cli import main
 from primitives.deployment import default_resolver
 from primitives.errors import InputError
-from primitives.traces import default_data_dir
+from primitives.data.roots import default_data_dir
 from translate_go.export import default_deployment, run_deployments
 from translate_go.toolchain import find_go, run_go, run_gofmt_list
 
@@ -99,7 +99,7 @@ def test_default_deployment_fallbacks_and_error(tmp_path, monkeypatch):
     try:
         found = run_deployments(_entry({"data": ["gone.csv"], "experiments": str(tmp_path / "exps")}))
     except InputError as exc:  # the experiment loader's schema may be stricter than this stub
-        pytest.skip(f"stub experiment not accepted by fitness.experiments: {exc}")
+        pytest.skip(f"stub experiment not accepted by primitives.data.experiments: {exc}")
     assert [(d.model, d.tp) for d in found] == [("meta-llama/Llama-2-7b-hf", 1)]
     with pytest.raises(InputError, match="--model NAME --tp N") as info:
         run_deployments(_entry({"data": ["gone.csv"]}))

@@ -7,7 +7,7 @@ import pytest
 import sympy as sp
 
 from archive.entry import ArchiveEntry
-from evolve.expression import parse_infix, pdiv, symbol
+from primitives.language import parse_infix, pdiv, symbol
 from primitives.deployment import default_resolver
 from primitives.errors import InputError
 from primitives.registry import FEATURES, PRIMITIVES

@@ -3,7 +3,7 @@
 Random trees over the GP operators (add, sub, mul, pdiv, max, min, psqrt, plog) with
 every registry primitive (per-request ones included) and constants as leaves go through
 
-(a) the vectorised interpreter ``evolve.expression.evaluate_program``,
+(a) the vectorised interpreter ``primitives.language.evaluate_program``,
 (b) the archive's sympy path: ``program_to_sympy -> to_infix -> parse_infix ->
     evaluate_expr``, and
 (c) the generated Go (``translate_go.goeval.go_eval_many``: the code ``export_go``
@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from evolve.expression import OPERATORS, PDIV_EPS, evaluate_expr, evaluate_program, parse_infix, program_to_sympy, to_infix
+from primitives.language import OPERATORS, PDIV_EPS, evaluate_expr, evaluate_program, parse_infix, program_to_sympy, to_infix
 from primitives.compute import features_from_requests, primitive_columns
 from primitives.deployment import default_resolver
 from primitives.registry import PRIMITIVES
@@ -59,7 +59,7 @@ MAX_DEPTH = 6
 
 @st.composite
 def programs(draw, max_depth: int = MAX_DEPTH):
-    """A prefix-order program (evolve.expression tokens) of depth <= MAX_DEPTH.
+    """A prefix-order program (primitives.language tokens) of depth <= MAX_DEPTH.
 
     The root is always an operator and inner nodes stop with probability 0.3, so trees
     have some 5 to 60 nodes, the sizes the search keeps (RunConfig.max_size = 40).

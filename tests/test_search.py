@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from evolve.config import RunConfig
-from evolve.expression import canonical
+from primitives.language import canonical
 from evolve.search import Evaluator, Search, build_pset, tree_to_program
 from fitness.dataset import StepTable
 from fitness.scoring import FitnessContext, score_program

@@ -2,20 +2,18 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-from fitness.experiments import find_experiments, load_experiment
+from primitives.data.experiments import find_experiments, load_experiment
+from primitives.data.roots import shared_data_root
 from primitives.errors import InputError
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _experiments_dir() -> Path:
-    env = os.environ.get("STEPSYNTH_SHARED")
-    return (Path(env) if env else ROOT.parent / "shared") / "data" / "experiments"
+    return shared_data_root() / "data" / "experiments"
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fitness.experiments import ExperimentSpec
-from fitness.loadgen import (
+from primitives.data.experiments import ExperimentSpec
+from fitness.sim.loadgen import (
     PROMPT_INFLATION,
     PROMPT_SPREAD,
     build_load,

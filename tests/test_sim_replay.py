@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fitness.experiments import ExperimentSpec
-from fitness.replay import evaluate_weights, metric_weights, replay, replay_times
-from fitness.simulator import Overheads, simulate
+from primitives.data.experiments import ExperimentSpec
+from fitness.sim.replay import evaluate_weights, metric_weights, replay, replay_times
+from fitness.sim.simulator import Overheads, simulate
 from primitives.deployment import DeploymentResolver
 
 DEP = DeploymentResolver().resolve("meta-llama/Llama-2-7b-hf", 1)
@@ -156,7 +156,7 @@ def test_probe_steps_cover_pure_prefill_and_the_extremes():
 
 def test_a_replay_fit_stores_every_non_step_term():
     """QueueingTime is fitted; the other non-step terms are stored too, at 0 (not fittable here)."""
-    from fitness.latency import DEFAULT_OVERHEADS
+    from fitness.sim.models import DEFAULT_OVERHEADS
     from fitness.scoring import FitnessContext, fit_terms
 
     got = fit_terms([lambda cols, n: cols["x"]], FitnessContext(None, _rows(None))).overheads

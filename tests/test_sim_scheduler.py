@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fitness.experiments import ExperimentSpec
-from fitness.loadgen import LoadPlan, PromptShapes, build_load
-from fitness.simulator import ABORTED, FINISHED, PhysicsLatencyModel, simulate
+from primitives.data.experiments import ExperimentSpec
+from fitness.sim.loadgen import LoadPlan, PromptShapes, build_load
+from fitness.sim.simulator import ABORTED, FINISHED, PhysicsLatencyModel, simulate
 from primitives.compute import features_from_requests
 from primitives.deployment import DeploymentResolver
 

@@ -7,7 +7,7 @@ from fitness.dataset import build_step_table
 from primitives.deployment import default_resolver
 from primitives.errors import InputError
 from primitives.registry import AGGREGATE_FEATURES
-from primitives.traces import load_trace
+from primitives.data.traces import load_trace
 
 
 def test_real_traces_give_the_documented_cycle_time_pairs(shared_data):

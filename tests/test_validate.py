@@ -4,11 +4,11 @@ import json
 import pytest
 
 from archive.entry import ArchiveEntry
-from fitness.experiments import load_experiment
-from fitness.latency import ExpressionLatencyModel
-from fitness.simulator import simulate
+from primitives.data.experiments import load_experiment
+from fitness.sim.models import ExpressionLatencyModel
+from fitness.sim.simulator import simulate
 from fitness.validate import split_terms, validate_entry
-from evolve.expression import parse_infix
+from primitives.language import parse_infix
 from primitives.deployment import default_resolver
 
 EXPR = "2000.0 + 1.1*weight_time_us + 1.3*kv_io_time_us + 30.0*allreduce_calls"

@@ -177,8 +177,8 @@ def _imports(names: list[str]) -> str:
 
 
 def parse_entry_expression(entry: ArchiveEntry) -> sp.Expr:
-    """The entry's expression as sympy (evolve.expression.parse_infix)."""
-    from evolve.expression import parse_infix
+    """The entry's expression as sympy (primitives.language.parse_infix)."""
+    from primitives.language import parse_infix
 
     try:
         return parse_infix(entry.expression)
@@ -480,7 +480,7 @@ package {package}
 // Golden vectors: {n_golden} random batches (1 .. {MAX_BATCH} requests, prefill and decode mixed, KV up to
 // {MAX_MODEL_LEN} tokens) that Go regenerates from the seed as translate_go/golden.py does,
 // with the step times Python computed for them (primitives.compute +
-// evolve.expression.evaluate_expr).
+// primitives.language.evaluate_expr).
 const (
 {chr(10).join(golden_consts)}
 )
@@ -728,7 +728,7 @@ def _locate(path: str, bases: list[Path]) -> Path | None:
 
 def _trace_deployments(path: Path) -> list[RunDeployment]:
     """(experiment, model, tp, gpu) of a step trace, reading only those columns."""
-    from primitives.traces import STEP_FILE_NAMES
+    from primitives.data.traces import STEP_FILE_NAMES
 
     step_file = path
     if path.is_dir():
@@ -774,12 +774,13 @@ def run_deployments(entry: ArchiveEntry, run_dir: str | Path | None = None) -> l
     """The deployments ENTRY's run trained on, first the one ``default_deployment`` takes.
 
     From the run's step traces (``run_config['data']``; none recorded means the
-    embedded default data, ``primitives.traces.default_data_dir()``), else from its
+    embedded default data, ``primitives.data.roots.default_data_dir()``), else from its
     experiment directories (``run_config['experiments']``). Experiments ENTRY was scored
     on come first, then by name. RUN_DIR (where the run lives now) helps find data the
     run named by relative paths. Raises InputError when none can be found.
     """
-    from primitives.traces import STEP_FILE_NAMES, default_data_dir
+    from primitives.data.roots import default_data_dir
+    from primitives.data.traces import STEP_FILE_NAMES
 
     config = dict(entry.run_config or {})
     bases = _run_base_dirs(config, Path(run_dir) if run_dir is not None else None)
@@ -804,7 +805,7 @@ def run_deployments(entry: ArchiveEntry, run_dir: str | Path | None = None) -> l
         if path is None:
             tried.append(f"experiments {config['experiments']} (not found)")
         else:
-            from fitness.experiments import find_experiments
+            from primitives.data.experiments import find_experiments
 
             found += [RunDeployment(s.name, s.model, int(s.tp), None, str(s.path)) for s in find_experiments(path)]
     if not found:

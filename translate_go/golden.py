@@ -2,7 +2,7 @@
 
 The reference is the project's own Python path, not a re-implementation:
 ``primitives.compute.features_from_requests`` -> ``primitive_columns`` ->
-``evolve.expression.evaluate_expr``. The generated Go test must reproduce it.
+``primitives.language.evaluate_expr``. The generated Go test must reproduce it.
 
 A batch is an ``int64`` array of shape (n_requests, 4) whose columns are the BLIS
 ``Request`` fields in ``primitives.registry.REQUEST_FIELDS`` order: ProgressIndex,
@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 import sympy as sp
 
-from evolve.expression import evaluate_expr
+from primitives.language import evaluate_expr
 from primitives.compute import features_from_requests, primitive_columns
 from primitives.deployment import Deployment
 

@@ -221,7 +221,7 @@ class GoCodePrinter(C99CodePrinter):
     def _print_sqrt(self, expr):  # pragma: no cover - sympy builds Pow(x, 1/2)
         return self._unary_math("Sqrt", expr)
 
-    # The GP operators (evolve.expression); psqrt/plog only if kept as opaque functions.
+    # The GP operators (primitives.language); psqrt/plog only if kept as opaque functions.
     def _print_pdiv(self, expr):
         self.uses_pdiv = True
         a, b = expr.args

@@ -33,9 +33,9 @@ The server side (``/work/shared/NOTES.md`` §4):
   aborts the request (freeing its KV blocks and slot) at the first step start after.
 
 The client side (arrivals, prompts, the two-events-per-token arithmetic) is
-``fitness.loadgen``. With ``record=True`` the run also returns a :class:`Trajectory`:
+``fitness.sim.loadgen``. With ``record=True`` the run also returns a :class:`Trajectory`:
 every step's batch in CSR form and every request's path through the steps, from which
-``fitness.replay`` re-times the run for other step times without re-simulating.
+``fitness.sim.replay`` re-times the run for other step times without re-simulating.
 
 Speed: the running set lives in numpy arrays (one vector operation per quantity per
 step); Python loops only touch requests that cross a KV block boundary, are admitted,
@@ -51,8 +51,8 @@ import numpy as np
 
 from primitives.deployment import KV_BLOCK_TOKENS, Deployment
 
-from .experiments import ExperimentSpec, ObservedMetrics
-from .loadgen import DEFAULT_EVENT_GAP_US, LoadPlan, build_load, client_times, lifecycle_metrics
+from primitives.data.experiments import ExperimentSpec, ObservedMetrics
+from fitness.sim.loadgen import DEFAULT_EVENT_GAP_US, LoadPlan, build_load, client_times, lifecycle_metrics
 
 BLOCK = KV_BLOCK_TOKENS
 US_PER_S = 1e6

@@ -1,6 +1,6 @@
 """Teacher-forced replay: re-time a recorded trajectory for other step times, without simulating.
 
-The batches of a recorded :class:`fitness.simulator.Trajectory` stay fixed; only the
+The batches of a recorded :class:`fitness.sim.simulator.Trajectory` stay fixed; only the
 step cycles change (``cycle_k = step_time_us[k] + scheduling_processing_us +
 preemption_processing_us * preemptions_k``). Every request's path is a contiguous run of
 steps, so its client times are sums of cycles along the path:
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .experiments import LifecycleMetrics, ObservedMetrics
-from .loadgen import DEFAULT_EVENT_GAP_US, EVENTS_PER_TOKEN, US_PER_S
-from .simulator import Overheads, Trajectory
+from primitives.data.experiments import LifecycleMetrics, ObservedMetrics
+from fitness.sim.loadgen import DEFAULT_EVENT_GAP_US, EVENTS_PER_TOKEN, US_PER_S
+from fitness.sim.simulator import Overheads, Trajectory
 
 METRICS = ("e2e", "ttft", "itl", "tpot")
 OVERHEAD_NAMES = Overheads.names()
@@ -144,7 +144,7 @@ def _lifecycle(t: ReplayTimes, mask: np.ndarray | None, failures: int) -> Lifecy
 def replay(traj: Trajectory, step_time_us: np.ndarray, overheads, stages: bool = True) -> ObservedMetrics:
     """The run's metrics (same keys as the observed results, seconds) for new step times.
 
-    ``overheads``: anything with the :class:`fitness.simulator.Overheads` attributes (a
+    ``overheads``: anything with the :class:`fitness.sim.simulator.Overheads` attributes (a
     LatencyModel works too); missing ones count as 0 (``event_gap_us``: the default).
     """
     t = replay_times(traj, step_time_us, overheads)
@@ -219,7 +219,7 @@ def metric_weights(traj: Trajectory, stages: bool = True) -> dict[str, tuple[np.
     ``mean_us[name] = w @ step_time_us + sum(const[k] * overheads.k)`` for ``name`` in
     ``e2e``, ``ttft``, ``itl``, ``tpot`` (means over successful requests; ITL pooled as the
     load generator does) and ``stage_<i>/<metric>`` per stage. ``const`` holds the
-    coefficient of every :class:`fitness.simulator.Overheads` field: the queueing time
+    coefficient of every :class:`fitness.sim.simulator.Overheads` field: the queueing time
     enters as ``queueing_base_us + queueing_per_input_token_us * input_len``; the per-step
     CPU overheads through the step cycles.
     """

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from primitives.errors import InputError
+from primitives.files import read_mapping
 
 # aiohttp's default total timeout (ClientTimeout(total=300)), which inference-perf keeps
 # when ``load.request_timeout`` is null.
@@ -108,31 +109,6 @@ class ExperimentSpec:
 
 # ---------------------------------------------------------------------------
 # Field access with precise errors
-
-
-def _read_text(path: Path) -> str:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError(path, None, "file not found") from None
-    except OSError as exc:
-        raise InputError(path, None, f"cannot read file ({exc.strerror})") from None
-    if not text.strip():
-        raise InputError(path, None, "the file is empty")
-    return text
-
-
-def _read_mapping(path: Path, kind: str) -> dict:
-    text = _read_text(path)
-    try:
-        data = json.loads(text) if kind == "json" else yaml.safe_load(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(path, None, f"not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    except yaml.YAMLError as exc:
-        raise InputError(path, None, f"not valid YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise InputError(path, None, f"expected a mapping at the top level, got {type(data).__name__}")
-    return data
 
 
 _MISSING = object()
@@ -229,7 +205,7 @@ def _shape_from_profile(prof: dict, path: Path) -> dict[str, int]:
 
 
 def _parse_metrics_file(path: Path) -> LifecycleMetrics:
-    data = _read_mapping(path, "json")
+    data = read_mapping(path, "json")
     successes = _num_field(data, "successes.count", path, integer=True, allow_zero=True)
     failures = _num_field(data, "failures.count", path, integer=True, allow_zero=True)
     means: dict[str, float | None] = {}
@@ -280,7 +256,7 @@ def load_experiment(directory: str | Path) -> ExperimentSpec:
         raise InputError(directory, None, "expected an experiment directory (holding exp-config.yaml)")
 
     exp_path = directory / EXP_CONFIG
-    exp = _read_mapping(exp_path, "yaml")
+    exp = read_mapping(exp_path, "yaml")
     model = _get(exp, "model", exp_path)
     if not isinstance(model, str) or not model.strip():
         raise InputError(exp_path, "model", f"expected a model name (HF id), got {model!r}")
@@ -295,11 +271,11 @@ def load_experiment(directory: str | Path) -> ExperimentSpec:
     results_cfg_path = directory / RESULTS_CONFIG
     if results_cfg_path.exists():
         src_path = results_cfg_path
-        cfg = _read_mapping(results_cfg_path, "yaml")
+        cfg = read_mapping(results_cfg_path, "yaml")
         shape = _shape_from_results(cfg, src_path)
     else:
         src_path = directory / PROFILE
-        cfg = _read_mapping(src_path, "json")
+        cfg = read_mapping(src_path, "json")
         shape = _shape_from_profile(cfg, src_path)
     load = _get(cfg, "load", src_path)
     if not isinstance(load, dict):
@@ -349,14 +325,6 @@ def find_experiments(root: str | Path) -> list[ExperimentSpec]:
     return [load_experiment(d) for d in dirs]
 
 
-def shared_data_root() -> Path:
-    """``$STEPSYNTH_SHARED`` or ``<repo>/../shared``: where the read-only shared data lives."""
-    env = os.environ.get("STEPSYNTH_SHARED")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parent.parent.parent / "shared"
-
-
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_S",
     "ExperimentSpec",
@@ -365,5 +333,4 @@ __all__ = [
     "find_experiments",
     "load_experiment",
     "load_observed",
-    "shared_data_root",
 ]

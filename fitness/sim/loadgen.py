@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .experiments import ExperimentSpec, LifecycleMetrics
+from primitives.data.experiments import ExperimentSpec, LifecycleMetrics
 
 # Re-tokenisation of random-token prompts: mean inflation and per-user spread (uniform ±).
 PROMPT_INFLATION = 1.05

@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .deployment import KV_BLOCK_TOKENS
-from .errors import InputError
-from .registry import AGGREGATE_FEATURES, ALL_FEATURES
+from primitives.deployment import KV_BLOCK_TOKENS
+from primitives.errors import InputError
+from primitives.registry import AGGREGATE_FEATURES, ALL_FEATURES
+
 
 # the vLLM tracer's export names, then the embedded synthetic data's (named apart so it is
 # never mistaken for real shared data)
@@ -246,16 +247,3 @@ def load_steps(paths: list[Path | str]) -> StepData:
         raise InputError(", ".join(str(p) for p in paths), "experiment_id", f"experiment {dup!r} appears in two inputs")
     requests = pd.concat(reqs, ignore_index=True) if len(reqs) == len(parts) else None
     return StepData(steps=all_steps, requests=requests, sources=[s for p in parts for s in p.sources])
-
-
-def default_data_dir() -> Path:
-    """The embedded synthetic default dataset shipped in the package."""
-    return Path(__file__).resolve().parent.parent / "fitness" / "default_data"
-
-
-def shared_dir() -> Path:
-    """Where the shared real data lives: $STEPSYNTH_SHARED or <repo>/../shared."""
-    import os
-
-    env = os.environ.get("STEPSYNTH_SHARED")
-    return Path(env) if env else Path(__file__).resolve().parent.parent.parent / "shared"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import sympy as sp
 
-from evolve.expression import SCALAR_MODULES, parse_infix, symbol
+from primitives.language import SCALAR_MODULES, parse_infix, symbol
 from primitives.compute import BatchPrimitives
 from primitives.deployment import Deployment
 
@@ -38,7 +38,7 @@ def full_overheads(fitted: dict[str, float] | None) -> dict[str, float]:
 
 
 class ExpressionLatencyModel:
-    """Duck-typed LatencyModel (see fitness.simulator) for one deployment."""
+    """Duck-typed LatencyModel (see fitness.sim.simulator) for one deployment."""
 
     def __init__(self, expr: sp.Expr | str, deployment: Deployment, overheads: dict[str, float] | None = None):
         if isinstance(expr, str):

@@ -1,0 +1,78 @@
+"""The latency-model seam: what the simulator, replay and the Go export ask of a model.
+
+Contract (all times in µs, the units of BLIS's ``sim.LatencyModel``):
+
+* ``step_time_us(progress, new_tokens, input_len, output_len) -> float``: the cycle time
+  of one scheduler step over the batch's per-request fields (BLIS's ``ProgressIndex``,
+  ``NumNewTokens``, ``len(InputTokens)``, ``len(OutputTokens)`` so far). It is at least
+  1 µs, also for an empty batch, and never NaN (BLIS's ``StepTime`` contract).
+* the six **non-step terms** below, defined once here with the BLIS (or seed-interface)
+  method each becomes: the archive stores them by ``name``, the simulator and replay read
+  them as attributes, and ``translate_go`` prints them under ``go_name``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+MIN_STEP_TIME_US = 1.0  # BLIS's StepTime returns at least 1 µs
+
+
+@dataclass(frozen=True)
+class NonStepTerm:
+    """One non-step latency term (µs)."""
+
+    name: str  # key in an archive entry's overheads and attribute of a latency model
+    method: str  # the Go method that returns it (BLIS's, or the seed interface's)
+    go_name: str  # the Go constant that holds it
+    doc: str  # what it is, one line
+
+
+NON_STEP_TERMS: tuple[NonStepTerm, ...] = (
+    NonStepTerm("queueing_base_us", "QueueingTime", "queueingBaseUs",
+                "QueueingTime: arrival -> enqueued, fixed part"),
+    NonStepTerm("queueing_per_input_token_us", "QueueingTime", "queueingPerInputTokenUs",
+                "QueueingTime: per prompt token (tokenisation)"),
+    NonStepTerm("output_token_processing_us", "OutputTokenProcessingTime", "outputTokenProcessingUs",
+                "OutputTokenProcessingTime: token emitted -> client event"),
+    NonStepTerm("scheduling_processing_us", "SchedulingProcessingTime", "schedulingProcessingUs",
+                "SchedulingProcessingTime: added to every step"),
+    NonStepTerm("preemption_processing_us", "PreemptionProcessingTime", "preemptionProcessingUs",
+                "PreemptionProcessingTime: per preemption"),
+    NonStepTerm("post_decode_fixed_us", "PostDecodeFixedOverhead", "postDecodeFixedUs",
+                "PostDecodeFixedOverhead: after a request's last token"),
+)
+NON_STEP_NAMES: tuple[str, ...] = tuple(t.name for t in NON_STEP_TERMS)
+NON_STEP_BY_NAME: dict[str, NonStepTerm] = {t.name: t for t in NON_STEP_TERMS}
+# the terms a replay fit solves for (the others cannot be told apart in client metrics)
+FITTED_NON_STEP_NAMES: tuple[str, ...] = ("queueing_base_us", "queueing_per_input_token_us")
+
+
+def full_non_step_terms(given: dict[str, float] | None) -> dict[str, float]:
+    """Every non-step term, the ones not GIVEN at 0 µs (BLIS's default)."""
+    out = dict.fromkeys(NON_STEP_NAMES, 0.0)
+    out.update(given or {})
+    return out
+
+
+def queueing_time_us(base_us: float, per_input_token_us: float, input_len) -> np.ndarray:
+    """QueueingTime(req) = base + per-token × prompt length: arrival -> enqueued (HTTP, tokenisation)."""
+    return base_us + per_input_token_us * np.asarray(input_len, dtype=np.float64)
+
+
+class LatencyModel(Protocol):
+    """What the simulator asks of a step-time model (all times in µs)."""
+
+    queueing_base_us: float
+    queueing_per_input_token_us: float
+    output_token_processing_us: float  # engine emits a token -> client receives it
+    scheduling_processing_us: float  # added to every step's cycle
+    preemption_processing_us: float  # added to a step's cycle per preemption
+    post_decode_fixed_us: float  # BLIS only: after a request's last token
+
+    def step_time_us(self, progress: np.ndarray, new_tokens: np.ndarray, input_len: np.ndarray,
+                     output_len: np.ndarray) -> float: ...
+
+    def queueing_time_us(self, input_len: np.ndarray) -> np.ndarray: ...

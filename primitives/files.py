@@ -1,0 +1,77 @@
+"""Reading and writing files: one atomic writer and one reader of JSON/YAML mappings.
+
+Every file the tool writes goes through :func:`atomic_write_bytes` (a temp file in the
+same folder, fsync, rename), so a killed process never leaves a half-written file. Every
+JSON or YAML input is read through :func:`read_mapping`, which turns any problem into a
+one-line :class:`~primitives.errors.InputError`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from primitives.errors import InputError
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write DATA to PATH atomically: temp file beside it, fsync, then rename over it."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_json(path: str | os.PathLike, payload, **dumps_kwargs) -> Path:
+    return atomic_write_text(path, json.dumps(payload, **dumps_kwargs) + "\n")
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """The file's text; a missing, unreadable or empty file is a one-line InputError."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError(path, None, "file not found") from None
+    except OSError as exc:
+        raise InputError(path, None, f"cannot read file ({exc.strerror})") from None
+    if not text.strip():
+        raise InputError(path, None, "the file is empty")
+    return text
+
+
+def parse_mapping(text: str, path: str | os.PathLike, kind: str) -> dict:
+    """TEXT parsed as JSON (``kind="json"``) or YAML; anything but a mapping is an InputError."""
+    try:
+        data = json.loads(text) if kind == "json" else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(path, None, f"not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except yaml.YAMLError as exc:
+        raise InputError(path, None, f"not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        what = "a JSON object" if kind == "json" else "a mapping at the top level"
+        raise InputError(path, None, f"expected {what}, got {type(data).__name__}")
+    return data
+
+
+def read_mapping(path: str | os.PathLike, kind: str | None = None) -> dict:
+    """A JSON or YAML file (by KIND, else by suffix) that must hold a mapping."""
+    path = Path(path)
+    if kind is None:
+        kind = "json" if path.suffix.lower() == ".json" else "yaml"
+    return parse_mapping(read_text(path), path, kind)
