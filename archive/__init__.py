@@ -1,11 +1,14 @@
-"""Persistence of search results: entries, the sqlite run archive, model selection."""
+"""Persistence of search results: entries, the sqlite run archive, run directories, model selection."""
+
 from archive.entry import ArchiveEntry, entry_id_for
+from archive.rundir import RunDeployment, RunDir, default_run_dir, locate_archive, record_latest, run_deployments
 from archive.select import combined_error, rank, recommend
-from archive.store import ArchiveStore, RunDir, RunRecord, default_run_dir, locate_archive, record_latest
+from archive.store import ArchiveStore, RunRecord
 
 __all__ = [
     "ArchiveEntry",
     "ArchiveStore",
+    "RunDeployment",
     "RunDir",
     "RunRecord",
     "combined_error",
@@ -15,4 +18,5 @@ __all__ = [
     "rank",
     "recommend",
     "record_latest",
+    "run_deployments",
 ]

@@ -1,4 +1,5 @@
 """One archived model: an evolved step-time expression with its fitted terms and scores."""
+
 from __future__ import annotations
 
 import hashlib
@@ -20,7 +21,8 @@ class ArchiveEntry:
     objectives: dict[str, float]  # step_mape (validation, fraction), complexity, e2e_error, ttft_error, itl_error, ...
     generation: int  # generation the expression was first found in
     primitives: list[str]  # GP terminals the expression uses
-    overheads: dict[str, float] = field(default_factory=dict)  # non-step latency terms, µs (see fitness.overheads)
+    # the non-step latency terms by name, µs (see fitness.sim.latency_model)
+    overheads: dict[str, float] = field(default_factory=dict)
     per_experiment: dict[str, dict[str, float]] = field(default_factory=dict)  # experiment -> metric -> value
     on_front: bool = True
     run_id: str = ""

@@ -28,11 +28,13 @@ The rule (``recommend``), in the order it is applied:
    — a step from 5 to 10 nodes costs as much as one from 20 to 40.) Errors are
    floored at 1e-12 and complexities at 1 so the logs stay finite.
 4. **Accuracy gate.** Only entries with error <= 1.25 x the lowest error on the front
-   are eligible (PySR uses 1.5; a model to ship should give away little accuracy): a big relative gain at a crude model does not win.
+   are eligible (PySR uses 1.5; a model to ship should give away little accuracy): a big
+   relative gain at a crude model does not win.
 5. **Choice.** The eligible entry with the highest score; ties (scores equal to
    1e-9 relative) go to lower complexity, then to the smaller id, so the choice is
    deterministic.
 """
+
 from __future__ import annotations
 
 import math

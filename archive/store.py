@@ -1,26 +1,19 @@
 """The run archive: one sqlite file per run directory, safe against a killed process.
 
-Layout of a run directory (``python -m evolve run --run-dir DIR``)::
-
-    DIR/archive.sqlite   runs, entries and per-generation fronts (this module)
-    DIR/checkpoints/     search checkpoints (evolve.search)
-    DIR/plots/           figures
-
-``./runs/LATEST`` names the most recent run directory so that ``python -m evolve
-archive ...`` works without ``--run-dir``.
+The run directory's layout, ``runs/LATEST`` included, is ``archive.rundir``'s.
 
 Why sqlite: every write is one transaction (``BEGIN IMMEDIATE`` inside ``with conn:``),
 the database runs in WAL mode with ``synchronous=FULL``, so a SIGKILL (or Ctrl-C) in the
 middle of ``record_generation`` leaves the previous generation complete and the file
 intact; a reader never sees half a generation.
 """
+
 from __future__ import annotations
 
 import json
 import math
 import os
 import sqlite3
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -30,9 +23,6 @@ from typing import Iterator
 from archive.entry import ArchiveEntry
 from primitives.errors import InputError
 
-ARCHIVE_FILENAME = "archive.sqlite"
-RUNS_DIRNAME = "runs"
-LATEST_FILENAME = "LATEST"
 SCHEMA_VERSION = 1
 HOW_TO_FIND_IDS = "list ids with `python -m evolve archive list` (add --all for every archived entry)"
 
@@ -127,7 +117,9 @@ class ArchiveStore:
     def __init__(self, path: str | os.PathLike, create: bool = True):
         self.path = Path(path)
         if not create and not self.path.is_file():
-            raise InputError(self.path, None, "no archive file here; run `python -m evolve run` first or pass --run-dir")
+            raise InputError(
+                self.path, None, "no archive file here; run `python -m evolve run` first or pass --run-dir"
+            )
         try:
             if create:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -143,7 +135,9 @@ class ArchiveStore:
             self._conn.execute("PRAGMA foreign_keys = ON")
             version = self._conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
-                raise InputError(self.path, "schema", f"archive schema {version} is newer than this program's ({SCHEMA_VERSION})")
+                raise InputError(
+                    self.path, "schema", f"archive schema {version} is newer than this program's ({SCHEMA_VERSION})"
+                )
             if version < SCHEMA_VERSION:
                 with self._tx():
                     # one statement at a time: executescript() would COMMIT mid-transaction
@@ -207,7 +201,8 @@ class ArchiveStore:
                 return
             if row[0] and fingerprint and row[0] != fingerprint:
                 raise InputError(
-                    self.path, "dataset_fingerprint",
+                    self.path,
+                    "dataset_fingerprint",
                     f"run {run_id!r} was made on data {row[0]}, not {fingerprint}; start a new run instead of resuming",
                 )
             conn.execute(
@@ -255,14 +250,20 @@ class ArchiveStore:
                 if payload.get("run_config") == run_config:
                     payload["run_config"] = {}  # stored once in runs.config_json, re-attached on load
                 conn.execute(
-                    "INSERT INTO entries (run_id, id, generation, last_generation, complexity, step_mape, on_front, payload)"
+                    "INSERT INTO entries"
+                    " (run_id, id, generation, last_generation, complexity, step_mape, on_front, payload)"
                     " VALUES (?, ?, ?, ?, ?, ?, 0, ?)"
                     " ON CONFLICT(run_id, id) DO UPDATE SET generation = excluded.generation,"
                     " last_generation = excluded.last_generation, complexity = excluded.complexity,"
                     " step_mape = excluded.step_mape, payload = excluded.payload",
                     (
-                        run_id, entry_id, first, generation, int(e.complexity),
-                        _finite_or_none(e.objectives.get("step_mape")), _dumps(payload),
+                        run_id,
+                        entry_id,
+                        first,
+                        generation,
+                        int(e.complexity),
+                        _finite_or_none(e.objectives.get("step_mape")),
+                        _dumps(payload),
                     ),
                 )
             conn.execute("UPDATE entries SET on_front = 0 WHERE run_id = ? AND on_front = 1", (run_id,))
@@ -374,9 +375,15 @@ class ArchiveStore:
             ).fetchall()
         return [
             RunRecord(
-                run_id=r[0], started_at=r[1], finished_at=r[2], status=r[3], seed=int(r[4]),
-                dataset_fingerprint=r[5], config=json.loads(r[6]),
-                summary=None if r[7] is None else json.loads(r[7]), last_generation=r[8],
+                run_id=r[0],
+                started_at=r[1],
+                finished_at=r[2],
+                status=r[3],
+                seed=int(r[4]),
+                dataset_fingerprint=r[5],
+                config=json.loads(r[6]),
+                summary=None if r[7] is None else json.loads(r[7]),
+                last_generation=r[8],
             )
             for r in rows
         ]
@@ -406,7 +413,13 @@ class ArchiveStore:
                 (run,),
             ).fetchall()
         return [
-            {"generation": g, "recorded_at": t, "front_ids": json.loads(f), "best_ids": json.loads(b), "stats": json.loads(s)}
+            {
+                "generation": g,
+                "recorded_at": t,
+                "front_ids": json.loads(f),
+                "best_ids": json.loads(b),
+                "stats": json.loads(s),
+            }
             for g, t, f, b, s in rows
         ]
 
@@ -416,100 +429,3 @@ def _unique_ids(entries: list[ArchiveEntry]) -> list[str]:
     for e in entries:
         seen.setdefault(e.id, None)
     return list(seen)
-
-
-# -- run directories ----------------------------------------------------------------
-@dataclass(frozen=True)
-class RunDir:
-    """Where a run keeps its files."""
-
-    root: Path
-
-    @property
-    def archive(self) -> Path:
-        return self.root / ARCHIVE_FILENAME
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def plots(self) -> Path:
-        return self.root / "plots"
-
-
-def default_run_dir(seed: int, base: str | os.PathLike | None = None, now: datetime | None = None) -> Path:
-    """``<base>/runs/<UTC timestamp>-seed<S>`` (base: the current directory); never an existing one."""
-    root = Path(base) if base is not None else Path.cwd()
-    stamp = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    candidate = root / RUNS_DIRNAME / f"{stamp}-seed{int(seed)}"
-    n = 2
-    while candidate.exists():  # two runs in the same second
-        candidate = root / RUNS_DIRNAME / f"{stamp}-seed{int(seed)}-{n}"
-        n += 1
-    return candidate
-
-
-def record_latest(run_dir: str | os.PathLike, base: str | os.PathLike | None = None) -> Path:
-    """Point ``<base>/runs/LATEST`` at run_dir, atomically (temp file + os.replace).
-
-    The path is stored relative to ``base`` when the run lies under it (so the
-    project folder can move), absolute otherwise.
-    """
-    root = (Path(base) if base is not None else Path.cwd()).resolve()
-    target = Path(run_dir).resolve()
-    try:
-        text = str(target.relative_to(root))
-    except ValueError:
-        text = str(target)
-    latest = root / RUNS_DIRNAME / LATEST_FILENAME
-    try:
-        latest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".LATEST.", dir=latest.parent)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, latest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as exc:
-        raise InputError(latest, None, f"cannot record the latest run ({exc.strerror or exc})") from None
-    return latest
-
-
-def locate_archive(run_dir: str | os.PathLike | None, base: str | os.PathLike | None = None) -> Path:
-    """The archive file of ``run_dir``, or of the run named by ``./runs/LATEST``.
-
-    ``run_dir`` may also be the archive file itself. Raises ``InputError`` when there
-    is no archive to read.
-    """
-    if run_dir is not None:
-        given = Path(run_dir)
-        if given.is_file():
-            return given
-        if not given.is_dir():
-            raise InputError(given, "--run-dir", "no such run directory")
-        archive = RunDir(given).archive
-        if not archive.is_file():
-            raise InputError(given, "--run-dir", f"no {ARCHIVE_FILENAME} in this directory; pass the directory of a `python -m evolve run`")
-        return archive
-    root = Path(base) if base is not None else Path.cwd()
-    latest = root / RUNS_DIRNAME / LATEST_FILENAME
-    if not latest.is_file():
-        raise InputError(root, None, "no run found in this directory; run `python -m evolve run` first or pass --run-dir")
-    try:
-        text = latest.read_text().strip()
-    except OSError as exc:
-        raise InputError(latest, None, f"cannot read ({exc.strerror or exc})") from None
-    if not text:
-        raise InputError(latest, None, "is empty; pass --run-dir")
-    target = Path(text)
-    if not target.is_absolute():
-        target = root / target
-    archive = RunDir(target).archive
-    if not archive.is_file():
-        raise InputError(latest, None, f"points to {target}, which has no {ARCHIVE_FILENAME}; pass --run-dir")
-    return archive

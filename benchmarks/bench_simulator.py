@@ -11,6 +11,7 @@ Prints:
 Usage: ``python benchmarks/bench_simulator.py [--experiments DIR] [--only-speed]``
 (``DIR`` defaults to ``$STEPSYNTH_SHARED/data/experiments``).
 """
+
 from __future__ import annotations
 
 import os
@@ -28,10 +29,11 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from fitness.sim.engine import simulate  # noqa: E402
+from fitness.sim.models import PhysicsLatencyModel  # noqa: E402
+from fitness.sim.replay import evaluate_weights, metric_weights, replay  # noqa: E402
 from primitives.data.experiments import find_experiments  # noqa: E402
 from primitives.data.roots import shared_data_root  # noqa: E402
-from fitness.sim.replay import evaluate_weights, metric_weights, replay  # noqa: E402
-from fitness.sim.simulator import PhysicsLatencyModel, simulate  # noqa: E402
 from primitives.deployment import DeploymentResolver  # noqa: E402
 from primitives.errors import InputError  # noqa: E402
 
@@ -83,12 +85,16 @@ def main(argv: list[str] | None = None) -> int:
         t0, c0 = time.perf_counter(), time.process_time()
         res = simulate(big, dep, model, seed=args.seed, record=record)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        print(f"closed loop {big.name} record={record}: {wall:.2f} s wall ({cpu:.2f} s CPU), "
-              f"{big.num_requests} requests, {res.n_steps} steps ({1e6 * cpu / max(res.n_steps, 1):.0f} us CPU/step)")
+        print(
+            f"closed loop {big.name} record={record}: {wall:.2f} s wall ({cpu:.2f} s CPU), "
+            f"{big.num_requests} requests, {res.n_steps} steps ({1e6 * cpu / max(res.n_steps, 1):.0f} us CPU/step)"
+        )
     if res.trajectory is not None:
         tr = res.trajectory
-        print(f"  trajectory: {tr.step_offsets[-1]:,} batch rows, mean batch {np.diff(tr.step_offsets).mean():.1f}, "
-              f"mean cycle {tr.step_cycle_us.mean() / 1e3:.2f} ms")
+        print(
+            f"  trajectory: {tr.step_offsets[-1]:,} batch rows, mean batch {np.diff(tr.step_offsets).mean():.1f}, "
+            f"mean cycle {tr.step_cycle_us.mean() / 1e3:.2f} ms"
+        )
 
     # 2. replay speed -----------------------------------------------------------------
     with_results = [s for s in specs if s.observed is not None]
@@ -104,34 +110,43 @@ def main(argv: list[str] | None = None) -> int:
         trajs.append(r.trajectory)
         models.append(m)
     sim_all = time.perf_counter() - t0
-    print(f"closed loop of the {len(with_results)} experiments with results: {sim_all:.1f} s "
-          f"(max {max(w for _, _, w in rows):.1f} s)")
+    print(
+        f"closed loop of the {len(with_results)} experiments with results: {sim_all:.1f} s "
+        f"(max {max(w for _, _, w in rows):.1f} s)"
+    )
     rng = np.random.default_rng(0)
     candidates = [tr.step_time_us * rng.uniform(0.8, 1.2) for tr in trajs]  # some other candidate
-    for tr, c, m in zip(trajs, candidates, models):  # warm the per-trajectory path cache
+    for tr, c, m in zip(trajs, candidates, models, strict=False):  # warm the per-trajectory path cache
         replay(tr, c, m)
     reps = 20
     t0 = time.perf_counter()
     for _ in range(reps):
-        for tr, c, m in zip(trajs, candidates, models):
+        for tr, c, m in zip(trajs, candidates, models, strict=False):
             replay(tr, c, m)
     rep_ms = 1e3 * (time.perf_counter() - t0) / reps
-    print(f"teacher-forced replay of one candidate over {len(trajs)} experiments: {rep_ms:.1f} ms "
-          f"(summary + per stage)")
+    print(
+        f"teacher-forced replay of one candidate over {len(trajs)} experiments: {rep_ms:.1f} ms (summary + per stage)"
+    )
     t0 = time.perf_counter()
     forms = [metric_weights(tr) for tr in trajs]
-    print(f"metric_weights for {len(trajs)} experiments: {1e3 * (time.perf_counter() - t0):.0f} ms (once per trajectory)")
+    print(
+        f"metric_weights for {len(trajs)} experiments: {1e3 * (time.perf_counter() - t0):.0f} ms (once per trajectory)"
+    )
     t0 = time.perf_counter()
     for _ in range(reps):
-        for f, c, m in zip(forms, candidates, models):
+        for f, c, m in zip(forms, candidates, models, strict=False):
             evaluate_weights(f, c, m)
     print(f"applying the linear forms over {len(trajs)} experiments: {1e3 * (time.perf_counter() - t0) / reps:.2f} ms")
     worst = 0.0
-    for tr, f, c, m in zip(trajs, forms, candidates, models):
+    for tr, f, c, m in zip(trajs, forms, candidates, models, strict=False):
         a = replay(tr, c, m).summary
         b = evaluate_weights(f, c, m)
-        worst = max(worst, abs(a.e2e_mean_s * 1e6 / b["e2e"] - 1), abs(a.ttft_mean_s * 1e6 / b["ttft"] - 1),
-                    abs(a.itl_mean_s * 1e6 / b["itl"] - 1))
+        worst = max(
+            worst,
+            abs(a.e2e_mean_s * 1e6 / b["e2e"] - 1),
+            abs(a.ttft_mean_s * 1e6 / b["ttft"] - 1),
+            abs(a.itl_mean_s * 1e6 / b["itl"] - 1),
+        )
     print(f"  linear forms vs replay: max relative difference {worst:.1e}")
 
     if args.only_speed:
@@ -146,17 +161,23 @@ def main(argv: list[str] | None = None) -> int:
         obs = spec.observed
         scopes = [("", r.metrics.summary, obs.summary)]
         if len(obs.stages) > 1:
-            scopes += [(f"  stage {i}", a, b) for i, (a, b) in enumerate(zip(r.metrics.stages, obs.stages))]
+            scopes += [
+                (f"  stage {i}", a, b) for i, (a, b) in enumerate(zip(r.metrics.stages, obs.stages, strict=False))
+            ]
         for label, a, b in scopes:
             name = spec.name if not label else label
-            print(f"{name[-44:]:44s} {a.e2e_mean_s:6.3f}/{b.e2e_mean_s:6.3f}  {_pct(a.e2e_mean_s, b.e2e_mean_s)} "
-                  f"{1e3 * a.ttft_mean_s:6.1f}/{1e3 * b.ttft_mean_s:6.1f}  {_pct(a.ttft_mean_s, b.ttft_mean_s)} "
-                  f"{1e3 * a.itl_mean_s:5.2f}/{1e3 * b.itl_mean_s:5.2f}  {_pct(a.itl_mean_s, b.itl_mean_s)}")
+            print(
+                f"{name[-44:]:44s} {a.e2e_mean_s:6.3f}/{b.e2e_mean_s:6.3f}  {_pct(a.e2e_mean_s, b.e2e_mean_s)} "
+                f"{1e3 * a.ttft_mean_s:6.1f}/{1e3 * b.ttft_mean_s:6.1f}  {_pct(a.ttft_mean_s, b.ttft_mean_s)} "
+                f"{1e3 * a.itl_mean_s:5.2f}/{1e3 * b.itl_mean_s:5.2f}  {_pct(a.itl_mean_s, b.itl_mean_s)}"
+            )
         errs["e2e"].append(abs(r.metrics.summary.e2e_mean_s / obs.summary.e2e_mean_s - 1))
         errs["ttft"].append(abs(r.metrics.summary.ttft_mean_s / obs.summary.ttft_mean_s - 1))
         errs["itl"].append(abs(r.metrics.summary.itl_mean_s / obs.summary.itl_mean_s - 1))
-    print(f"mean |error| over {len(rows)} experiments: E2E {100 * np.mean(errs['e2e']):.1f}%, "
-          f"TTFT {100 * np.mean(errs['ttft']):.1f}%, ITL {100 * np.mean(errs['itl']):.1f}%")
+    print(
+        f"mean |error| over {len(rows)} experiments: E2E {100 * np.mean(errs['e2e']):.1f}%, "
+        f"TTFT {100 * np.mean(errs['ttft']):.1f}%, ITL {100 * np.mean(errs['itl']):.1f}%"
+    )
     blind = [s for s in specs if s.observed is None]
     if blind:
         print("\nblind runs (no results): simulated outcome with the same model")
@@ -165,8 +186,10 @@ def main(argv: list[str] | None = None) -> int:
             r = simulate(spec, d, hand_model(d, spec.tp), seed=args.seed, record=False)
             s = r.metrics.summary
             e2e = f"{s.e2e_mean_s:7.1f}" if s.e2e_mean_s is not None else "      -"
-            print(f"{spec.name[-44:]:44s} successes {s.successes:5d} failures {s.failures:5d} E2E {e2e} s "
-                  f"preemptions {r.total_preemptions}")
+            print(
+                f"{spec.name[-44:]:44s} successes {s.successes:5d} failures {s.failures:5d} E2E {e2e} s "
+                f"preemptions {r.total_preemptions}"
+            )
     return 0
 
 

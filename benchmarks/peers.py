@@ -30,6 +30,7 @@ Usage::
     python benchmarks/peers.py                      # 120 s per system on 2 cores
     python benchmarks/peers.py --budget 20 --systems stepsynth,gplearn
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,10 +49,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fitness.dataset import StepTable, build_step_table  # noqa: E402
-from primitives.deployment import default_resolver  # noqa: E402
-from primitives.registry import AGGREGATE_FEATURES, supported_primitives  # noqa: E402
 from primitives.data.roots import shared_data_root  # noqa: E402
 from primitives.data.traces import load_steps  # noqa: E402
+from primitives.deployment import default_resolver  # noqa: E402
+from primitives.registry import AGGREGATE_FEATURES, supported_primitives  # noqa: E402
 
 COMPLEXITY_CAPS = (10, 20, 40)
 HV_COMPLEXITY_SCALE = 40.0
@@ -99,7 +100,12 @@ def _is_one(node: ast.AST) -> bool:
 
 
 def _unwrap_abs(node: ast.AST) -> ast.AST:
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id.lower() in _ABS and len(node.args) == 1:
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id.lower() in _ABS
+        and len(node.args) == 1
+    ):
         return node.args[0]
     return node
 
@@ -184,19 +190,42 @@ def run_stepsynth(table: StepTable, data_dir: Path, budget_s: float, jobs: int, 
     from primitives.language import evaluate_expr, parse_infix
 
     run_dir = workdir / "stepsynth-run"
-    cmd = [sys.executable, "-m", "evolve", "run", "--data", str(data_dir), "--time-limit", f"{budget_s:g}",
-           "--jobs", str(jobs), "--generations", "100000", "--seed", str(seed), "--run-dir", str(run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "evolve",
+        "run",
+        "--data",
+        str(data_dir),
+        "--time-limit",
+        f"{budget_s:g}",
+        "--jobs",
+        str(jobs),
+        "--generations",
+        "100000",
+        "--seed",
+        str(seed),
+        "--run-dir",
+        str(run_dir),
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.perf_counter()
     res = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if res.returncode != 0:
         raise RuntimeError(f"stepsynth run failed: {res.stderr[-2000:]}")
-    out = subprocess.run([sys.executable, "-m", "evolve", "archive", "list", "--json", "--run-dir", str(run_dir)],
-                         cwd=workdir, env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "evolve", "archive", "list", "--json", "--run-dir", str(run_dir)],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     front = json.loads(out.stdout)
     gens = next((ln.split(":", 1)[1].strip() for ln in res.stdout.splitlines() if ln.startswith("generations:")), "?")
-    search_s = next((ln.split(":", 1)[1].strip() for ln in res.stdout.splitlines() if ln.startswith("wall_time_s:")), "?")
+    search_s = next(
+        (ln.split(":", 1)[1].strip() for ln in res.stdout.splitlines() if ln.startswith("wall_time_s:")), "?"
+    )
     models = []
     for e in front:
         expr = parse_infix(e["expression"])
@@ -205,8 +234,15 @@ def run_stepsynth(table: StepTable, data_dir: Path, budget_s: float, jobs: int, 
         # cross-check: the archive's own held-out figure is the same quantity
         if abs(te - e["objectives"]["step_mape"]) > 1e-6 * max(1.0, te):
             print(f"warning: {e['id']} held-out MAPE {te} != archived {e['objectives']['step_mape']}", file=sys.stderr)
-        models.append({"expression": e["expression"], "complexity": complexity_of(e["expression"]),
-                       "native_complexity": e["complexity"], "train_mape": tr, "test_mape": te})
+        models.append(
+            {
+                "expression": e["expression"],
+                "complexity": complexity_of(e["expression"]),
+                "native_complexity": e["complexity"],
+                "train_mape": tr,
+                "test_mape": te,
+            }
+        )
     return summarise("stepsynth", models, wall, note=f"{gens} generations, search {search_s} s, population 200")
 
 
@@ -219,8 +255,15 @@ def run_pyoperon(table: StepTable, budget_s: float, jobs: int, seed: int) -> dic
     reg = SymbolicRegressor(
         # the project's operators where Operon has them: max/min, sqrt|x|, log(1+x)
         allowed_symbols="add,sub,mul,div,fmin,fmax,sqrtabs,log1p,constant,variable",
-        objectives=["r2", "length"], max_time=int(round(budget_s)), n_threads=jobs, random_state=seed,
-        generations=10**7, max_evaluations=10**12, population_size=1000, max_length=40, max_depth=10,
+        objectives=["r2", "length"],
+        max_time=int(round(budget_s)),
+        n_threads=jobs,
+        random_state=seed,
+        generations=10**7,
+        max_evaluations=10**12,
+        population_size=1000,
+        max_length=40,
+        max_depth=10,
     )
     t0 = time.perf_counter()
     reg.fit(X[tr], y[tr])
@@ -233,9 +276,18 @@ def run_pyoperon(table: StepTable, budget_s: float, jobs: int, seed: int) -> dic
         text = reg.get_model_string(m["tree"], precision=8)
         for short, long in sorted(names.items(), key=lambda kv: -len(kv[0])):  # X10 before X1
             text = text.replace(short, long)
-        models.append({"expression": text, "complexity": complexity_of(text), "native_complexity": m["complexity"],
-                       "train_mape": a, "test_mape": b})
-    return summarise("pyoperon", models, wall, note=f"{reg.stats_.get('generations', '?')} generations, population 1000")
+        models.append(
+            {
+                "expression": text,
+                "complexity": complexity_of(text),
+                "native_complexity": m["complexity"],
+                "train_mape": a,
+                "test_mape": b,
+            }
+        )
+    return summarise(
+        "pyoperon", models, wall, note=f"{reg.stats_.get('generations', '?')} generations, population 1000"
+    )
 
 
 def _gplearn_mape(y, y_pred, w):
@@ -253,11 +305,22 @@ def run_gplearn(table: StepTable, budget_s: float, jobs: int, seed: int) -> dict
     scale = float(table.cycle_time_us[tr].mean())  # fit y/scale: constants of order 1
     y = table.cycle_time_us / scale
     reg = SymbolicRegressor(
-        population_size=1000, generations=1, tournament_size=20, const_range=(-1.0, 1.0), init_depth=(2, 5),
+        population_size=1000,
+        generations=1,
+        tournament_size=20,
+        const_range=(-1.0, 1.0),
+        init_depth=(2, 5),
         function_set=("add", "sub", "mul", "div", "sqrt", "log", "max", "min"),
         metric=make_fitness(function=_gplearn_mape, greater_is_better=False, wrap=False),
-        parsimony_coefficient=0.0005, p_crossover=0.7, p_subtree_mutation=0.1, p_hoist_mutation=0.05,
-        p_point_mutation=0.1, max_samples=1.0, warm_start=True, n_jobs=jobs, random_state=seed,
+        parsimony_coefficient=0.0005,
+        p_crossover=0.7,
+        p_subtree_mutation=0.1,
+        p_hoist_mutation=0.05,
+        p_point_mutation=0.1,
+        max_samples=1.0,
+        warm_start=True,
+        n_jobs=jobs,
+        random_state=seed,
         feature_names=list(table.primitive_names),
     )
     t0 = time.perf_counter()
@@ -283,8 +346,15 @@ def run_gplearn(table: StepTable, budget_s: float, jobs: int, seed: int) -> dict
         pred = p.execute(X) * scale
         a, b = mape_by_split(table, pred)
         if np.isfinite(a):
-            cands.append({"expression": f"mul({scale!r}, {text})", "complexity": complexity_of(text) + 2,
-                          "native_complexity": p.length_ + 2, "train_mape": a, "test_mape": b})
+            cands.append(
+                {
+                    "expression": f"mul({scale!r}, {text})",
+                    "complexity": complexity_of(text) + 2,
+                    "native_complexity": p.length_ + 2,
+                    "train_mape": a,
+                    "test_mape": b,
+                }
+            )
     keep = non_dominated([(c["train_mape"], c["complexity"]) for c in cands])
     return summarise("gplearn", [cands[i] for i in keep], wall, note=f"{gen} generations, population 1000")
 
@@ -296,19 +366,24 @@ def _pct(v) -> str:
 
 def markdown(rows: list[dict], budget_s: float, jobs: int) -> str:
     lines = [
-        f"| system | held-out MAPE, cx ≤ 10 | cx ≤ 20 | cx ≤ 40 | hypervolume | front size | wall time | notes |",
+        "| system | held-out MAPE, cx ≤ 10 | cx ≤ 20 | cx ≤ 40 | hypervolume | front size | wall time | notes |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['system']} | {_pct(r['test_mape_le10'])} | {_pct(r['test_mape_le20'])} | {_pct(r['test_mape_le40'])} "
+            f"| {r['system']} | {_pct(r['test_mape_le10'])} | {_pct(r['test_mape_le20'])} "
+            f"| {_pct(r['test_mape_le40'])} "
             f"| {r['hypervolume']:.4f} | {r['front_size']} | {r['wall_s']:.0f} s | {r['note']} |"
         )
-    lines.append(f"| PySR | — | — | — | — | — | — | not run: PySR downloads Julia at run time, and this machine "
-                 "reaches no site but the package registries |")
+    lines.append(
+        "| PySR | — | — | — | — | — | — | not run: PySR downloads Julia at run time, and this machine "
+        "reaches no site but the package registries |"
+    )
     lines.append("")
-    lines.append(f"Budget {budget_s:g} s per system, {jobs} cores. Chosen model at each cap: the lowest *training* "
-                 "MAPE among front members within the cap.")
+    lines.append(
+        f"Budget {budget_s:g} s per system, {jobs} cores. Chosen model at each cap: the lowest *training* "
+        "MAPE among front members within the cap."
+    )
     return "\n".join(lines)
 
 
@@ -327,8 +402,10 @@ def main(argv=None) -> int:
 
     table, data_dir = load_table()
     n_tr, n_te = int(table.is_train.sum()), int((~table.is_train).sum())
-    print(f"data: {data_dir} ({len(table.experiment_names)} experiments, {n_tr} training / {n_te} held-out "
-          f"cycle-time rows, {len(table.primitive_names)} columns: {', '.join(table.primitive_names)})")
+    print(
+        f"data: {data_dir} ({len(table.experiment_names)} experiments, {n_tr} training / {n_te} held-out "
+        f"cycle-time rows, {len(table.primitive_names)} columns: {', '.join(table.primitive_names)})"
+    )
     print(f"load average before the runs: {os.getloadavg()[0]:.2f}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="stepsynth-peers-") as tmp:
@@ -343,18 +420,26 @@ def main(argv=None) -> int:
             r = rows[-1]
             r["load_after"] = os.getloadavg()[0]  # ~jobs when the machine was ours alone
             r["note"] += f", load {r['load_after']:.1f}"
-            print(f"  {s}: wall {r['wall_s']:.1f} s, front {r['front_size']}, hypervolume {r['hypervolume']:.4f} "
-                  f"(moocore {r['hypervolume_moocore']}), {r['note']}", flush=True)
+            print(
+                f"  {s}: wall {r['wall_s']:.1f} s, front {r['front_size']}, hypervolume {r['hypervolume']:.4f} "
+                f"(moocore {r['hypervolume_moocore']}), {r['note']}",
+                flush=True,
+            )
             for cap in COMPLEXITY_CAPS:
                 m = r[f"model_le{cap}"]
                 if m:
-                    print(f"    cx<={cap}: held-out {_pct(m['test_mape'])} train {_pct(m['train_mape'])} "
-                          f"cx={m['complexity']} (native {m['native_complexity']}): {m['expression'][:160]}")
+                    print(
+                        f"    cx<={cap}: held-out {_pct(m['test_mape'])} train {_pct(m['train_mape'])} "
+                        f"cx={m['complexity']} (native {m['native_complexity']}): {m['expression'][:160]}"
+                    )
     print()
     print(markdown(rows, args.budget, args.jobs))
     if args.json:
-        Path(args.json).write_text(json.dumps([{k: v for k, v in r.items() if not k.startswith("model_le")} for r in rows],
-                                              indent=1, default=float))
+        Path(args.json).write_text(
+            json.dumps(
+                [{k: v for k, v in r.items() if not k.startswith("model_le")} for r in rows], indent=1, default=float
+            )
+        )
     return 0
 
 

@@ -1,4 +1,5 @@
 """``python -m evolve``: see evolve/cli.py."""
+
 import sys
 
 from evolve.cli import main

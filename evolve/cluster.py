@@ -10,6 +10,7 @@ The search itself stays deterministic: joblib's dask backend returns results in
 submission order, and every candidate is scored by the same pure function, so the
 front of a seed does not depend on the backend or on the number of workers.
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,8 +22,16 @@ from primitives.errors import InputError
 
 CONNECT_TIMEOUT_S = 10.0  # how long to wait for a scheduler before giving up
 # distributed logs every worker start/stop at INFO and some shutdown noise at WARNING
-_NOISY_LOGGERS = ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.worker",
-                  "distributed.core", "distributed.comm", "distributed.batched", "distributed.http")
+_NOISY_LOGGERS = (
+    "distributed",
+    "distributed.scheduler",
+    "distributed.nanny",
+    "distributed.worker",
+    "distributed.core",
+    "distributed.comm",
+    "distributed.batched",
+    "distributed.http",
+)
 
 
 @contextmanager
@@ -62,8 +71,9 @@ def dask_client(address: str | None, jobs: int):
     try:
         import distributed
     except ImportError:
-        raise InputError("--backend", "dask", "the dask backend needs the 'distributed' package "
-                         "(pip install 'dask[distributed]')") from None
+        raise InputError(
+            "--backend", "dask", "the dask backend needs the 'distributed' package (pip install 'dask[distributed]')"
+        ) from None
     _silence_logs()
     if address:
         address = address.strip()
@@ -72,9 +82,11 @@ def dask_client(address: str | None, jobs: int):
         except (OSError, TimeoutError, ValueError, TypeError) as exc:
             # OSError covers refused connections and distributed's "Timed out trying to connect"
             reason = " ".join(str(exc).split())[:160] or type(exc).__name__
-            raise InputError(address, "--scheduler",
-                             f"cannot connect to a dask scheduler ({reason}); expected an address such as "
-                             f"tcp://127.0.0.1:8786") from None
+            raise InputError(
+                address,
+                "--scheduler",
+                f"cannot connect to a dask scheduler ({reason}); expected an address such as tcp://127.0.0.1:8786",
+            ) from None
     try:
         # no address: a client-owned LocalCluster, closed with the client
         return distributed.Client(
@@ -87,5 +99,8 @@ def dask_client(address: str | None, jobs: int):
         )
     except (OSError, TimeoutError) as exc:
         reason = " ".join(str(exc).split())[:160] or type(exc).__name__
-        raise InputError("--backend", "dask", f"cannot start a local dask cluster ({reason}); "
-                         "pass --scheduler ADDRESS of a running scheduler instead") from None
+        raise InputError(
+            "--backend",
+            "dask",
+            f"cannot start a local dask cluster ({reason}); pass --scheduler ADDRESS of a running scheduler instead",
+        ) from None

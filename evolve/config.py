@@ -1,4 +1,5 @@
 """The configuration of one search run (what `python -m evolve run` was asked to do)."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

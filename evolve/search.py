@@ -1,99 +1,28 @@
 """The search: multi-objective DEAP genetic programming over physics primitives.
 
 NSGA-II (mu + lambda) on (training cycle-time error, complexity), plus the replayed
-latency error when experiments are given. Candidates are scored in a joblib pool as
-picklable programs (``primitives.language``), memoised by canonical form; their
+latency error when experiments are given. Candidates are scored as picklable programs
+(``primitives.language``), memoised by canonical form (``evolve.evaluator``); their
 additive coefficients are fitted by least squares (``fitness.scoring``). Bloat is held
-by static height and size limits and by complexity as an objective. The same seed and
-data give the same archive.
+by static height and size limits (``evolve.toolbox``) and by complexity as an
+objective. The same seed and data give the same archive.
 """
+
 from __future__ import annotations
 
-import os
 import pickle
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deap import base, creator, gp, tools
+from deap import tools
 
-from archive.entry import ArchiveEntry, entry_id_for
-from fitness.scoring import FitnessContext, Score, score_many
-from seeds import seeds_for
-
-from .config import RunConfig
-from primitives.language import (
-    OPERATORS,
-    Program,
-    canonical,
-    linear_model_sympy,
-    simplify_expression,
-    to_infix,
-    variables,
-)
-
-CHECKPOINT_NAME = "checkpoint.pkl"
-ARCHIVE_NAME = "archive.sqlite"
-
-
-# --- DEAP plumbing (module-level so that everything pickles) ---------------------
-def ephemeral_constant() -> float:
-    """A constant spread over five decades, rounded to 3 significant digits."""
-    value = 10.0 ** random.uniform(-2.0, 3.0)
-    return float(f"{value:.3g}")
-
-
-def build_pset(primitive_names: list[str]) -> gp.PrimitiveSet:
-    pset = gp.PrimitiveSet("STEP", len(primitive_names))
-    pset.renameArguments(**{f"ARG{i}": name for i, name in enumerate(primitive_names)})
-    for op in OPERATORS.values():
-        pset.addPrimitive(op.numpy_fn, op.arity, name=op.name)
-    pset.addEphemeralConstant("stepsynth_const", ephemeral_constant)
-    return pset
-
-
-def _ensure_creator(n_objectives: int) -> None:
-    name = f"StepFitness{n_objectives}"
-    if not hasattr(creator, name):
-        creator.create(name, base.Fitness, weights=(-1.0,) * n_objectives)
-    ind = f"StepTree{n_objectives}"
-    if not hasattr(creator, ind):
-        creator.create(ind, gp.PrimitiveTree, fitness=getattr(creator, name))
-
-
-def seed_trees(primitive_names: list[str], pset: gp.PrimitiveSet) -> list[gp.PrimitiveTree]:
-    """The known models of ``seeds/`` that this run's primitives support, as trees."""
-    return [gp.PrimitiveTree.from_string(text, pset) for _, text in sorted(seeds_for(primitive_names).items())]
-
-
-def tree_to_program(tree: gp.PrimitiveTree) -> Program:
-    out = []
-    for node in tree:
-        if isinstance(node, gp.Primitive):
-            out.append(("op", node.name))
-        elif isinstance(node.value, str):
-            out.append(("var", node.value))
-        else:
-            out.append(("const", float(node.value)))
-    return tuple(out)
-
-
-def _mut_insert_or_shrink(ind, pset):
-    """Alternate small structural moves: wrap a node in a new operator, or shrink one."""
-    if random.random() < 0.5:
-        return gp.mutInsert(ind, pset)
-    return gp.mutShrink(ind)
-
-
-def _mutate(ind, pset, expr_mut):
-    r = random.random()
-    if r < 0.35:
-        return gp.mutUniform(ind, expr=expr_mut, pset=pset)
-    if r < 0.6:
-        return gp.mutNodeReplacement(ind, pset=pset)
-    if r < 0.8:
-        return gp.mutEphemeral(ind, mode="one")
-    return _mut_insert_or_shrink(ind, pset)
+from evolve.config import RunConfig
+from evolve.evaluator import Evaluator
+from evolve.toolbox import build_pset, individual_class, make_toolbox, program_to_tree, seed_trees, tree_to_program
+from fitness.scoring import FitnessContext, Score
+from primitives.files import atomic_write_bytes
+from primitives.language import Program, canonical
 
 
 # --- search state ----------------------------------------------------------------
@@ -109,111 +38,6 @@ class SearchState:
     elapsed_s: float = 0.0
     # (expression, overheads) of the model whose closed-loop trajectories the replay uses
     replay_model: tuple[str, dict] | None = None
-
-
-_WORKER_CONTEXTS: dict[str, FitnessContext] = {}
-
-
-def score_chunk_from_file(context_path: str, programs: list[Program]) -> list[Score]:
-    """Worker side of the pool: load the fitness context once per worker, then score."""
-    ctx = _WORKER_CONTEXTS.get(context_path)
-    if ctx is None:
-        with open(context_path, "rb") as fh:
-            ctx = pickle.load(fh)
-        _WORKER_CONTEXTS.clear()
-        _WORKER_CONTEXTS[context_path] = ctx
-    return score_many(programs, ctx)
-
-
-class Evaluator:
-    """Memoised, parallel scoring of programs.
-
-    The fitness context (tens of MB of columns) reaches each worker once: loky workers
-    read it from a pickle in a temporary directory; Dask workers get it scattered.
-    """
-
-    def __init__(self, ctx: FitnessContext, jobs: int, backend: str = "loky", scheduler: str | None = None):
-        self.ctx = ctx
-        self.jobs = max(1, int(jobs))
-        self.backend = backend
-        self.scheduler = scheduler
-        self.memo: dict[str, Score] = {}
-        self._parallel = None
-        self._client = None
-
-    def __enter__(self):
-        import tempfile
-
-        from joblib import Parallel
-
-        self._tmp = None
-        if self.jobs > 1 or self.backend == "dask":
-            if self.backend == "dask":
-                from joblib import parallel_config
-
-                from .cluster import dask_client
-
-                self._client = dask_client(self.scheduler, self.jobs)
-                self._cfg = parallel_config(backend="dask", scatter=[self.ctx])
-                self._cfg.__enter__()
-                self._parallel = Parallel(n_jobs=-1)
-            else:
-                self._tmp = tempfile.TemporaryDirectory(prefix="stepsynth-ctx-")
-                self._ctx_path = os.path.join(self._tmp.name, "context.pkl")
-                with open(self._ctx_path, "wb") as fh:
-                    pickle.dump(self.ctx, fh, protocol=pickle.HIGHEST_PROTOCOL)
-                self._parallel = Parallel(n_jobs=self.jobs, backend="loky")
-            self._parallel.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self._parallel is not None:
-            self._parallel.__exit__(*exc)
-        if self._client is not None:
-            self._cfg.__exit__(*exc)
-            self._client.close()
-        if self._tmp is not None:
-            self._tmp.cleanup()
-        return False
-
-    def reset(self, ctx: FitnessContext) -> None:
-        """Score against a new context (refreshed trajectories): new pool, empty memo."""
-        self.__exit__(None, None, None)
-        self.ctx = ctx
-        self.memo.clear()
-        self._parallel = None
-        self._client = None
-        self.__enter__()
-
-    def score(self, programs: list[Program]) -> list[Score]:
-        keys = [canonical(p) for p in programs]
-        todo: dict[str, Program] = {}
-        for k, p in zip(keys, programs):
-            if k not in self.memo and k not in todo:
-                todo[k] = p
-        if todo:
-            items = list(todo.items())
-            progs = [p for _, p in items]
-            if self._parallel is None:
-                scores = score_many(progs, self.ctx)
-            else:
-                from joblib import delayed
-
-                n_chunks = min(len(progs), self.jobs * 4)
-                chunks = [progs[i::n_chunks] for i in range(n_chunks)]
-                if self._client is not None:
-                    from .cluster import preserve_random_state  # dask consumes global random
-
-                    with preserve_random_state():
-                        results = self._parallel(delayed(score_many)(c, self.ctx) for c in chunks)
-                else:
-                    results = self._parallel(delayed(score_chunk_from_file)(self._ctx_path, c) for c in chunks)
-                scores = [None] * len(progs)
-                for i, res in enumerate(results):
-                    scores[i::n_chunks] = res
-            for (k, _), s in zip(items, scores):
-                self.memo[k] = s
-        return [self.memo[k] for k in keys]
 
 
 def objectives_of(score: Score, with_replay: bool) -> tuple[float, ...]:
@@ -233,7 +57,9 @@ def pareto_front(items: list[tuple[Program, Score]], with_replay: bool) -> list[
     keep = []
     for i, oi in enumerate(objs):
         dominated = any(
-            all(a <= b for a, b in zip(oj, oi)) and any(a < b for a, b in zip(oj, oi)) for j, oj in enumerate(objs) if j != i
+            all(a <= b for a, b in zip(oj, oi, strict=True)) and any(a < b for a, b in zip(oj, oi, strict=True))
+            for j, oj in enumerate(objs)
+            if j != i
         )
         if not dominated and items[i][1].ok:
             keep.append(items[i])
@@ -250,41 +76,15 @@ class Search:
         self.names = primitive_names
         self.evaluator = evaluator
         self.with_replay = ctx.replay is not None
-        n_obj = 3 if self.with_replay else 2
-        _ensure_creator(n_obj)
-        self.Individual = getattr(creator, f"StepTree{n_obj}")
+        self.Individual = individual_class(3 if self.with_replay else 2)
         self.pset = build_pset(primitive_names)
-        tb = base.Toolbox()
-        tb.register("expr", gp.genHalfAndHalf, pset=self.pset, min_=1, max_=4)
-        tb.register("expr_mut", gp.genFull, min_=0, max_=2)
-        tb.register("mate", gp.cxOnePoint)
-        tb.register("mutate", _mutate, pset=self.pset, expr_mut=tb.expr_mut)
-        limit_h = gp.staticLimit(key=lambda t: t.height, max_value=config.max_depth)
-        limit_s = gp.staticLimit(key=len, max_value=config.max_size)
-        for op in ("mate", "mutate"):
-            tb.decorate(op, limit_h)
-            tb.decorate(op, limit_s)
-        self.toolbox = tb
+        self.toolbox = make_toolbox(self.pset, config.max_depth, config.max_size)
         self.state = SearchState()
-        self.entries: dict = {}  # archive entries already built (see evolve.run)
+        self.entries: dict = {}  # archive entries already built (see evolve.records)
 
     # -- conversions -----------------------------------------------------------
     def _tree(self, program: Program):
-        nodes = []
-        args = {name: t for name, t in self.pset.mapping.items()}
-        for kind, value in program:
-            if kind == "op":
-                nodes.append(self.pset.mapping[value])
-            elif kind == "var":
-                nodes.append(args[value])
-            else:
-                const_cls = self.pset.mapping.get("stepsynth_const") or next(
-                    t for t in self.pset.terminals[object] if isinstance(t, type)
-                )
-                c = const_cls()
-                c.value = float(value)
-                nodes.append(c)
-        return self.Individual(nodes)
+        return program_to_tree(program, self.pset, self.Individual)
 
     def _seed_trees(self) -> list:
         return [self.Individual(t) for t in seed_trees(self.names, self.pset)]
@@ -303,7 +103,7 @@ class Search:
     def _evaluate_and_record(self, programs: list[Program], generation: int) -> list[Score]:
         scores = self.evaluator.score(programs)
         self.state.evaluations += len(programs)
-        for p, s in zip(programs, scores):
+        for p, s in zip(programs, scores, strict=True):
             self._offer(p, s, generation)
         return scores
 
@@ -324,7 +124,7 @@ class Search:
         progs = list(uniq.values())
         scores = self.evaluator.score(progs)
         inds = []
-        for p, s in zip(progs, scores):
+        for p, s in zip(progs, scores, strict=True):
             ind = self._tree(p)
             ind.fitness.values = objectives_of(s, self.with_replay)
             inds.append(ind)
@@ -339,7 +139,7 @@ class Search:
         """One generation: variation, scoring, NSGA-II survival."""
         random.setstate(self.state.python_random_state)
         parents = [self._tree(p) for p in self.state.population]
-        for ind, p in zip(parents, self.state.population):
+        for ind, p in zip(parents, self.state.population, strict=True):
             ind.fitness.values = objectives_of(self.evaluator.memo[canonical(p)], self.with_replay)
         offspring = []
         n = self.config.population
@@ -366,7 +166,7 @@ class Search:
         self.evaluator.reset(ctx)
         programs = [p for p, _ in self.state.hall.values()] + list(self.state.population)
         self.state.hall = {}
-        for p, s in zip(programs, self.evaluator.score(programs)):
+        for p, s in zip(programs, self.evaluator.score(programs), strict=True):
             self._offer(p, s, self.state.generation)
 
     def best_item(self) -> tuple[Program, Score]:
@@ -384,62 +184,23 @@ class Search:
         items = self.hall_items()
         return min((s.objectives.get("step_mape", s.train_error) for _, s in items), default=float("nan"))
 
-    def save_checkpoint(self, run_dir: Path) -> None:
-        """Atomic: write a temp file, fsync, then rename over the old checkpoint."""
+    def save_checkpoint(self, path: Path) -> None:
+        """Atomic: a killed run leaves the previous checkpoint whole."""
         payload = {
             "config": self.config.to_dict(),
             "state": self.state,
             "names": self.names,
         }
-        tmp = run_dir / (CHECKPOINT_NAME + ".tmp")
-        with open(tmp, "wb") as fh:
-            pickle.dump(payload, fh, protocol=pickle.HIGHEST_PROTOCOL)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, run_dir / CHECKPOINT_NAME)
+        atomic_write_bytes(path, pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
 
     @staticmethod
-    def peek_checkpoint(run_dir: Path) -> SearchState:
-        with open(run_dir / CHECKPOINT_NAME, "rb") as fh:
+    def peek_checkpoint(path: Path) -> SearchState:
+        with open(path, "rb") as fh:
             return pickle.load(fh)["state"]
 
-    def load_checkpoint(self, run_dir: Path) -> None:
-        with open(run_dir / CHECKPOINT_NAME, "rb") as fh:
+    def load_checkpoint(self, path: Path) -> None:
+        with open(path, "rb") as fh:
             payload = pickle.load(fh)
         self.state = payload["state"]
         # scores are deterministic: rescore the population and hall to refill the memo
         self.evaluator.score(list(self.state.population) + [p for p, _ in self.state.hall.values()])
-
-
-def entry_from(program: Program, score: Score, generation: int, meta: dict, simplify: bool = False) -> ArchiveEntry:
-    """An archive entry. Its id comes from the constant-folded expression, so it is stable
-    whether or not the (slow) sympy simplification has run; ``simplify`` adds that form,
-    which the run does once, for its final front."""
-    expr = linear_model_sympy(score.terms, score.coefficients, score.intercept)
-    folded_text = to_infix(expr.evalf())
-    simplified_text = to_infix(simplify_expression(expr)) if simplify else folded_text
-    consts = [score.intercept] + list(score.coefficients)
-    return ArchiveEntry(
-        id=entry_id_for(folded_text),
-        expression=to_infix(expr),
-        simplified=simplified_text,
-        complexity=int(score.complexity),
-        constants=[float(c) for c in consts],
-        objectives=dict(score.objectives),
-        generation=int(generation),
-        primitives=variables(program),
-        overheads=dict(score.overheads),
-        per_experiment=score.per_experiment,
-        on_front=True,
-        run_id=meta.get("run_id", ""),
-        dataset_fingerprint=meta.get("fingerprint", ""),
-        seed=int(meta.get("seed", 0)),
-        run_config=meta.get("config", {}),
-    )
-
-
-def run_search(config: RunConfig, ui):
-    """Entry point of `python -m evolve run` (kept here for the CLI; see evolve.run)."""
-    from .run import run_search as _run
-
-    return _run(config, ui)

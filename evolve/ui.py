@@ -1,6 +1,6 @@
 """What a search run shows while it runs: a rich progress bar on a terminal, plain lines otherwise.
 
-``evolve.search.run_search(config, ui)`` drives a ``RunUI``::
+``evolve.run.run_search(config, ui)`` drives a ``RunUI``::
 
     ui.start(total_generations, time_limit_s)
     ui.update(generation, best_error, front_size, evals_per_s)   # after each generation
@@ -10,6 +10,7 @@
 Without a terminal (CI, tests, a pipe) the same calls print plain, rate-limited
 lines, so logs stay readable.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,39 +20,9 @@ from typing import IO, Iterable
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
-from rich.table import Table
 
 from archive.entry import ArchiveEntry
-
-# Error objectives shown as columns when any entry has them (fractions, shown as %).
-ERROR_COLUMNS = (("step_mape", "step MAPE"), ("e2e_error", "E2E err"), ("ttft_error", "TTFT err"), ("itl_error", "ITL err"))
-
-
-def fmt_fraction(value: object) -> str:
-    """A relative error stored as a fraction, shown as a percentage ('-' if missing)."""
-    try:
-        v = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return "-"
-    if math.isnan(v):
-        return "nan"
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    return f"{100.0 * v:.2f}%"
-
-
-def fmt_number(value: object) -> str:
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, int):
-        return str(value)
-    try:
-        v = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return str(value)
-    if not math.isfinite(v):
-        return str(v)
-    return f"{v:.6g}"
+from evolve.report import ERROR_COLUMNS, entries_table, fmt_fraction, fmt_number, mapping_table
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -61,37 +32,6 @@ def fmt_duration(seconds: float | None) -> str:
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}:{m:02d}:{s:02d}"
-
-
-def entries_table(entries: list[ArchiveEntry], recommended_id: str | None = None, title: str | None = None) -> Table:
-    """The front as a table: id, generation found, complexity, errors present, expression."""
-    table = Table(title=title, show_lines=False)
-    table.add_column("", width=1)
-    table.add_column("id", no_wrap=True)
-    table.add_column("gen", justify="right")
-    table.add_column("cx", justify="right")
-    shown = [(key, label) for key, label in ERROR_COLUMNS if any(key in e.objectives for e in entries)]
-    for _, label in shown:
-        table.add_column(label, justify="right", no_wrap=True)
-    table.add_column("expression", overflow="fold")
-    for e in entries:
-        mark = "*" if e.id == recommended_id else ""
-        row = [mark, e.id, str(e.generation), str(e.complexity)]
-        row += [fmt_fraction(e.objectives.get(key)) for key, _ in shown]
-        row.append(e.expression)
-        table.add_row(*row)
-    if recommended_id is not None:
-        table.caption = "* recommended (python -m evolve archive best)"
-    return table
-
-
-def mapping_table(mapping: dict, title: str | None = None, key_label: str = "name", value_label: str = "value") -> Table:
-    table = Table(title=title)
-    table.add_column(key_label)
-    table.add_column(value_label, justify="right", overflow="fold")
-    for k, v in mapping.items():
-        table.add_row(str(k), fmt_number(v) if not isinstance(v, (dict, list)) else str(v))
-    return table
 
 
 def _recommended_id(entries: list[ArchiveEntry]) -> str | None:
@@ -185,8 +125,12 @@ class RunUI:
             return
         if self._progress is not None:
             self._progress.update(
-                self._task, completed=min(int(generation), self._total),
-                best=fmt_fraction(best_error), front=str(front_size), rate=rate, eta=eta,
+                self._task,
+                completed=min(int(generation), self._total),
+                best=fmt_fraction(best_error),
+                front=str(front_size),
+                rate=rate,
+                eta=eta,
             )
 
     def log(self, message: str) -> None:

@@ -1,4 +1,5 @@
 """Step rows ready for scoring: primitive columns, cycle-time targets, temporal split."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,10 +7,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from primitives.compute import constant_columns, features_from_requests, primitive_columns
+from primitives.data.traces import StepData
 from primitives.deployment import Deployment, DeploymentResolver
 from primitives.errors import InputError
 from primitives.registry import AGGREGATE_FEATURES, supported_primitives
-from primitives.data.traces import StepData
 
 
 @dataclass
@@ -69,7 +70,8 @@ def build_step_table(
     unsupported = [n for n in names if n not in supported]
     if unsupported:
         raise InputError(
-            ", ".join(data.sources), unsupported[0],
+            ", ".join(data.sources),
+            unsupported[0],
             "this primitive needs per-request detail that the trace lacks (aggregates only)",
         )
 
@@ -79,8 +81,12 @@ def build_step_table(
     if data.requests is not None:
         r = data.requests
         feats = features_from_requests(
-            r["step_row"].to_numpy(), r["progress"].to_numpy(), r["new_tokens"].to_numpy(),
-            r["input_len"].to_numpy(), r["output_len"].to_numpy(), n_steps,
+            r["step_row"].to_numpy(),
+            r["progress"].to_numpy(),
+            r["new_tokens"].to_numpy(),
+            r["input_len"].to_numpy(),
+            r["output_len"].to_numpy(),
+            n_steps,
         )
 
     target_rows = np.flatnonzero(np.isfinite(steps["cycle_time_us"].to_numpy()))

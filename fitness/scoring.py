@@ -8,6 +8,7 @@ trajectories, so they join the same least-squares problem as extra rows, togethe
 with the API-overhead terms. One set of constants serves every model: no per-model
 intercepts, the primitives carry the differences.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -17,45 +18,12 @@ from typing import Callable, Mapping
 import numpy as np
 from scipy.optimize import nnls
 
-from primitives.language import Program, additive_terms, evaluate_program, variables
-from .dataset import StepTable
-from fitness.sim.models import full_overheads
+from fitness.dataset import StepTable
+from fitness.replay_rows import REPLAY_METRICS, ReplayRows
+from fitness.sim.latency_model import FITTED_NON_STEP_NAMES, full_non_step_terms
+from primitives.language import Program, additive_terms, evaluate_program
 
 WORST = 1e9  # the score of a candidate that produced NaN/inf or fitted nothing
-REPLAY_METRICS = ("e2e", "ttft", "itl")
-# Non-step terms fitted from the replayed TTFT/E2E (µs); see fitness.sim.models for their semantics.
-OVERHEAD_COLUMNS = ("queueing_base_us", "queueing_per_input_token_us")
-
-
-@dataclass
-class ReplayRows:
-    """Linear forms of the replayed means of each experiment (see fitness.sim.replay.metric_weights).
-
-    Row i of experiment e is the mean of metric ``labels[e][i] = (metric, scope)`` over
-    the whole run (scope "all") or one load stage ("stage_0", ...), in µs:
-    ``mean = weights[e][i] @ step_time_us + overhead[e][i] @ theta + fixed_us[e][i]``,
-    with theta the OVERHEAD_COLUMNS values and ``fixed_us`` the known terms (event gap).
-    The forms are teacher-forced or, from ``fitness.replay_context``, linearised around
-    the recording with each row's closed-loop gain. Stage rows pin how latency grows
-    with load; the reported errors use "all" rows.
-    """
-
-    names: list[str]
-    models: list[str]  # model of each experiment (for leave-one-model-out)
-    columns: list[dict[str, np.ndarray]]  # per experiment: primitive -> per-step values
-    weights: list[np.ndarray]  # per experiment: (n_rows, n_steps)
-    overhead: list[np.ndarray]  # per experiment: (n_rows, len(OVERHEAD_COLUMNS))
-    fixed_us: list[np.ndarray]  # per experiment: (n_rows,)
-    observed_us: list[np.ndarray]  # per experiment: (n_rows,), NaN when unknown
-    labels: list[list[tuple[str, str]]]  # per experiment: (metric, scope) of each row
-    # per experiment: primitives of single recorded steps where the step time must be > 0
-    probes: list[dict[str, np.ndarray]] | None = None
-
-    def subset(self, keep: list[int]) -> "ReplayRows":
-        pick = lambda xs: [xs[i] for i in keep]  # noqa: E731
-        return ReplayRows(pick(self.names), pick(self.models), pick(self.columns), pick(self.weights),
-                          pick(self.overhead), pick(self.fixed_us), pick(self.observed_us), pick(self.labels),
-                          pick(self.probes) if self.probes is not None else None)
 
 
 @dataclass
@@ -85,7 +53,7 @@ class Score:
 def model_complexity(term_sizes: list[int], coefficients: list[float], intercept: float) -> int:
     """Nodes of the fitted expression: each kept term plus its coefficient and product,
     the additions joining them, and the intercept with its addition."""
-    kept = [n for n, c in zip(term_sizes, coefficients) if c > 0]
+    kept = [n for n, c in zip(term_sizes, coefficients, strict=False) if c > 0]
     size = sum(n + 2 for n in kept) + max(len(kept) - 1, 0)
     if intercept > 0:
         size += 2 if kept else 1
@@ -183,8 +151,9 @@ def _program_term(term: Program, columns: Mapping[str, np.ndarray], n: int) -> n
     return evaluate_program(term, columns, n)
 
 
-def fit_terms(term_fns: list[TermFn], ctx: FitnessContext, detail: bool = False,
-              term_sizes: list[int] | None = None) -> Score:
+def fit_terms(
+    term_fns: list[TermFn], ctx: FitnessContext, detail: bool = False, term_sizes: list[int] | None = None
+) -> Score:
     """Fit ``intercept + sum(coef_i * term_i)`` (coefficients >= 0) and measure its errors.
 
     Each term is a function of primitive columns; the search passes evolved programs,
@@ -193,7 +162,7 @@ def fit_terms(term_fns: list[TermFn], ctx: FitnessContext, detail: bool = False,
     terms = list(term_fns)
     st = ctx.steps
     k = len(terms)
-    n_over = len(OVERHEAD_COLUMNS) if ctx.replay is not None else 0
+    n_over = len(FITTED_NON_STEP_NAMES) if ctx.replay is not None else 0
     blocks_a: list[np.ndarray] = []
     blocks_b: list[np.ndarray] = []
 
@@ -241,7 +210,8 @@ def fit_terms(term_fns: list[TermFn], ctx: FitnessContext, detail: bool = False,
     if theta is None:
         return _worst()
     coefs, intercept, over = theta[:k], float(theta[k]), theta[k + 1 :]
-    if ctx.replay is not None and ctx.replay.probes is not None and not _positive_on(ctx.replay.probes, terms, theta[: k + 1]):
+    probes = ctx.replay.probes if ctx.replay is not None else None
+    if probes is not None and not _positive_on(probes, terms, theta[: k + 1]):
         return _worst()
     complexity = model_complexity(term_sizes or [1] * k, list(coefs), intercept)
 
@@ -274,12 +244,11 @@ def fit_terms(term_fns: list[TermFn], ctx: FitnessContext, detail: bool = False,
             err = (float(row @ theta) + fixed) / obs - 1.0
             all_errs.append(abs(err))
             if scope == "all":
-                errs[m].append(abs(err))
+                errs[m].append(err)
                 per_exp.setdefault(ctx.replay.names[e], {})[f"{m}_error"] = err
-        for m, v in errs.items():
-            if v:
-                objectives[f"{m}_error"] = float(np.mean(v))
-                objectives[f"{m}_error_max"] = float(np.max(v))
+        for m, (mean, worst, _) in error_stats(errs).items():
+            objectives[f"{m}_error"] = mean
+            objectives[f"{m}_error_max"] = worst
         # the search minimises the error over every replayed row, stage rows included:
         # they say how latency grows with load, which decides closed-loop stability
         replay_error = float(np.mean(all_errs))
@@ -288,7 +257,10 @@ def fit_terms(term_fns: list[TermFn], ctx: FitnessContext, detail: bool = False,
             train_error = replay_error
     # with replayed experiments every non-step term is stored, those not fitted at 0 (README:
     # "Non-step terms" says why they cannot be told apart or fitted from these data)
-    overheads = full_overheads({name: float(v) for name, v in zip(OVERHEAD_COLUMNS, over)}) if n_over else {}
+    overheads: dict[str, float] = {}
+    if n_over:
+        fitted = {name: float(v) for name, v in zip(FITTED_NON_STEP_NAMES, over, strict=True)}
+        overheads = full_non_step_terms(fitted)
     return Score(
         train_error=train_error if np.isfinite(train_error) else WORST,
         replay_error=replay_error,
@@ -300,6 +272,20 @@ def fit_terms(term_fns: list[TermFn], ctx: FitnessContext, detail: bool = False,
         objectives=objectives,
         per_experiment=per_exp,
     )
+
+
+def error_stats(errors: Mapping[str, list[float | None]]) -> dict[str, tuple[float, float, int]]:
+    """Mean and max of the absolute relative errors of each metric, and how many there are.
+
+    ``errors`` maps a metric to its signed relative errors over experiments (None: no
+    result to compare with); a metric without any error is left out.
+    """
+    out: dict[str, tuple[float, float, int]] = {}
+    for m, values in errors.items():
+        v = [abs(e) for e in values if e is not None]
+        if v:
+            out[m] = (float(np.mean(v)), float(np.max(v)), len(v))
+    return out
 
 
 def _positive_on(probes: list[dict[str, np.ndarray]], terms: list[TermFn], theta: np.ndarray) -> bool:
@@ -319,10 +305,6 @@ def score_many(programs: list[Program], ctx: FitnessContext) -> list[Score]:
     return [score_program(p, ctx) for p in programs]
 
 
-def used_primitives(program: Program) -> list[str]:
-    return variables(program)
-
-
 def score_entry(entry, data_paths: list, resolver) -> list[dict]:
     """Per-experiment step error of an archived expression (its constants as stored).
 
@@ -331,25 +313,32 @@ def score_entry(entry, data_paths: list, resolver) -> list[dict]:
     """
     from pathlib import Path
 
-    from primitives.language import evaluate_expr, parse_infix
-    from primitives.errors import InputError
-    from primitives.registry import supported_primitives
+    from fitness.dataset import build_step_table
     from primitives.data.traces import load_steps
-
-    from .dataset import build_step_table
+    from primitives.errors import InputError
+    from primitives.language import evaluate_expr, parse_infix
+    from primitives.registry import supported_primitives
 
     data = load_steps([Path(p) for p in data_paths])
     expr = parse_infix(entry.expression)
     names = sorted(s.name for s in expr.free_symbols)
     missing = [n for n in names if n not in supported_primitives(data.available_features)]
     if missing:
-        raise InputError(", ".join(data.sources), missing[0], "the expression needs per-request detail this trace lacks")
+        raise InputError(
+            ", ".join(data.sources), missing[0], "the expression needs per-request detail this trace lacks"
+        )
     table = build_step_table(data, resolver, names or None, validation_fraction=0.0)
     pred = np.maximum(evaluate_expr(expr, table.columns) if names else np.full(table.n, float(expr)), 1.0)
     ape = np.abs(pred - table.cycle_time_us) / table.cycle_time_us
     out = []
     for e, name in enumerate(table.experiment_names):
         rows = table.experiment == e
-        out.append({"experiment": name, "n": int(rows.sum()), "mape": float(ape[rows].mean()),
-                    "median_ape": float(np.median(ape[rows]))})
+        out.append(
+            {
+                "experiment": name,
+                "n": int(rows.sum()),
+                "mape": float(ape[rows].mean()),
+                "median_ape": float(np.median(ape[rows])),
+            }
+        )
     return out

@@ -4,6 +4,7 @@ These are the architecture hyper-parameters of the four public models (the field
 their HuggingFace ``config.json`` that the physics uses) and the H100 SXM datasheet
 figures. They are facts about the models and the GPU, not measurements.
 """
+
 from __future__ import annotations
 
 BUILTIN_MODEL_CONFIGS: dict[str, dict] = {

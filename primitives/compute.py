@@ -3,6 +3,7 @@
 Every function here is generated from the sympy definitions in ``registry`` with
 ``sympy.lambdify``; nothing is written twice.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -21,6 +22,7 @@ from .registry import (
     REQUEST_FIELDS,
 )
 
+
 @lru_cache(maxsize=None)
 def _per_request_fn(name: str):
     f = FEATURE_BY_NAME[name]
@@ -36,7 +38,9 @@ def _phase_fn(phase: str):
 def _primitive_fn(name: str):
     p = PRIMITIVE_BY_NAME[name]
     args = sorted(p.features) + sorted(p.constants)
-    fn = sp.lambdify([sp.Symbol(a) for a in args], p.expr.subs({s: sp.Symbol(s.name) for s in p.expr.free_symbols}), modules="numpy")
+    fn = sp.lambdify(
+        [sp.Symbol(a) for a in args], p.expr.subs({s: sp.Symbol(s.name) for s in p.expr.free_symbols}), modules="numpy"
+    )
     return fn, args
 
 

@@ -4,9 +4,9 @@ Everything the physics primitives need about a deployment is derived here, once,
 as named constants (``Deployment.constants``); the Python evaluator and the Go
 generator both read those constants.
 """
+
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -161,7 +161,9 @@ class Deployment:
 
 def _need(cfg: dict, key: str, path: object, kind: type = int):
     if key not in cfg or cfg[key] is None:
-        raise InputError(path, key, f"a required field is missing (expected a positive {'integer' if kind is int else 'number'})")
+        raise InputError(
+            path, key, f"a required field is missing (expected a positive {'integer' if kind is int else 'number'})"
+        )
     value = cfg[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InputError(path, key, f"expected a number, got {value!r}")

@@ -3,6 +3,7 @@
 A bad input is reported as a single line naming the file, the field and what was
 expected; the CLI turns an ``InputError`` into that line and exit status 2.
 """
+
 from __future__ import annotations
 
 

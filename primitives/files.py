@@ -5,6 +5,7 @@ same folder, fsync, rename), so a killed process never leaves a half-written fil
 JSON or YAML input is read through :func:`read_mapping`, which turns any problem into a
 one-line :class:`~primitives.errors.InputError`.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,11 +18,23 @@ import yaml
 from primitives.errors import InputError
 
 
+def _new_file_mode(path: Path) -> int:
+    """The mode PATH keeps if it exists, else what open() would give a new file (0666 less the umask)."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write DATA to PATH atomically: temp file beside it, fsync, then rename over it."""
     path = Path(path)
+    mode = _new_file_mode(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, mode)  # mkstemp makes 0600; the file should look as a plain write would
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

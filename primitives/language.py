@@ -3,9 +3,11 @@
 A *program* is a tuple of tokens in prefix order, the picklable form of a DEAP tree:
 ``("op", name)`` for an operator, ``("var", primitive_name)`` for a terminal and
 ``("const", value)`` for a constant. Each operator is defined once here, with its
-numpy implementation (protected, so NaN and inf never escape from bad inputs) and its
-sympy form (read by the archive, the simplifier and the Go printer).
+numpy implementation (protected, so NaN and inf never escape from bad inputs), its
+sympy form (read by the archive, the simplifier and the Go printer) and its Go form
+(printed by ``translate_go``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,6 +60,17 @@ class pdiv(sp.Function):  # noqa: N801 - printed name is the function name
         return None
 
 
+# Go source of pdiv (the exported step_time.go carries this text verbatim).
+PDIV_GO = """// pdiv is protected division, as in primitives/language.py: x/y where |y| > 1e-9, else 0.
+func pdiv(x, y float64) float64 {
+	if math.Abs(y) > 1e-9 {
+		return x / y
+	}
+	return 0
+}
+"""
+
+
 @dataclass(frozen=True)
 class Operator:
     name: str
@@ -65,6 +78,10 @@ class Operator:
     numpy_fn: Callable
     sympy_fn: Callable
     commutative: bool
+    # Go form: a format string over the operands' Go code ({0}, {1}). add/sub/mul are
+    # Go's own infix operators, which the printer writes from sympy's Add/Mul.
+    go: str
+    go_helper: str = ""  # Go source of the function ``go`` calls, emitted only when used
 
 
 def _sp_psqrt(x):
@@ -90,16 +107,17 @@ def _sp_mul(a, b):
 OPERATORS: dict[str, Operator] = {
     op.name: op
     for op in (
-        Operator("add", 2, np.add, _sp_add, True),
-        Operator("sub", 2, np.subtract, _sp_sub, False),
-        Operator("mul", 2, np.multiply, _sp_mul, True),
-        Operator("pdiv", 2, np_pdiv, pdiv, False),
-        Operator("max", 2, np.maximum, sp.Max, True),
-        Operator("min", 2, np.minimum, sp.Min, True),
-        Operator("psqrt", 1, np_psqrt, _sp_psqrt, False),
-        Operator("plog", 1, np_plog, _sp_plog, False),
+        Operator("add", 2, np.add, _sp_add, True, "{0} + {1}"),
+        Operator("sub", 2, np.subtract, _sp_sub, False, "{0} - {1}"),
+        Operator("mul", 2, np.multiply, _sp_mul, True, "{0} * {1}"),
+        Operator("pdiv", 2, np_pdiv, pdiv, False, "pdiv({0}, {1})", PDIV_GO),
+        Operator("max", 2, np.maximum, sp.Max, True, "math.Max({0}, {1})"),
+        Operator("min", 2, np.minimum, sp.Min, True, "math.Min({0}, {1})"),
+        Operator("psqrt", 1, np_psqrt, _sp_psqrt, False, "math.Sqrt(math.Abs({0}))"),
+        Operator("plog", 1, np_plog, _sp_plog, False, "math.Log(1.0 + math.Abs({0}))"),
     )
 }
+
 
 def scalar_pdiv(x: float, y: float) -> float:
     return x / y if abs(y) > PDIV_EPS else 0.0
@@ -111,10 +129,6 @@ SCALAR_MODULES = [{"pdiv": scalar_pdiv, "Max": max, "Min": min}, "math"]
 
 
 # --- programs -----------------------------------------------------------------
-def program_size(program: Program) -> int:
-    return len(program)
-
-
 def subtree_end(program: Program, start: int) -> int:
     """Index one past the subtree rooted at ``start``."""
     need = 1
@@ -226,7 +240,7 @@ def program_to_sympy(program: Program) -> sp.Expr:
 def linear_model_sympy(terms: Sequence[Program], coefficients: Sequence[float], intercept: float) -> sp.Expr:
     """intercept + sum(coef * term): the fitted step-time expression in µs."""
     expr = sp.Float(float(intercept))
-    for term, coef in zip(terms, coefficients):
+    for term, coef in zip(terms, coefficients, strict=False):
         if coef != 0.0:
             expr = expr + sp.Float(float(coef)) * program_to_sympy(term)
     return expr

@@ -12,6 +12,7 @@ The Python evaluator (``primitives.compute``) lambdifies these expressions, and 
 Go generator (``translate_go``) prints the very same expressions, so the two can not
 drift apart.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -60,12 +61,22 @@ FEATURES: tuple[Feature, ...] = (
     Feature("num_prefill_reqs", "requests", sp.Integer(1), "sum", "prefill", True, "requests in prefill"),
     Feature("num_decode_reqs", "requests", sp.Integer(1), "sum", "decode", True, "requests decoding"),
     Feature(
-        "kv_tokens", "tokens", PROGRESS + NEW_TOKENS, "sum", None, True,
+        "kv_tokens",
+        "tokens",
+        PROGRESS + NEW_TOKENS,
+        "sum",
+        None,
+        True,
         "KV-cache tokens the batch holds once this step has run",
     ),
     Feature("max_kv_tokens", "tokens", PROGRESS + NEW_TOKENS, "max", None, False, "longest context in the batch"),
     Feature(
-        "attention_work", "token^2", NEW_TOKENS * (PROGRESS + NEW_TOKENS / 2), "sum", None, False,
+        "attention_work",
+        "token^2",
+        NEW_TOKENS * (PROGRESS + NEW_TOKENS / 2),
+        "sum",
+        None,
+        False,
         "query-key pairs of causal attention: sum of new*(kv + new/2)",
     ),
 )
@@ -126,37 +137,47 @@ PRIMITIVES: tuple[Primitive, ...] = (
     Primitive("max_kv_tokens", "tokens", F["max_kv_tokens"], "longest context in the batch"),
     Primitive("attention_work", "token^2", F["attention_work"], "sum of new*(kv + new/2)"),
     Primitive(
-        "weight_time_us", "us", C["weight_bytes_per_gpu"] / C["hbm_bytes_per_us"],
+        "weight_time_us",
+        "us",
+        C["weight_bytes_per_gpu"] / C["hbm_bytes_per_us"],
         "streaming every weight a GPU holds from HBM once",
     ),
     Primitive(
-        "matmul_time_us", "us", 2 * C["active_params_per_gpu"] * _total_tokens / C["dense_flops_per_us"],
+        "matmul_time_us",
+        "us",
+        2 * C["active_params_per_gpu"] * _total_tokens / C["dense_flops_per_us"],
         "dense matmul FLOPs of the batch's tokens at peak BF16",
     ),
     Primitive(
-        "attention_time_us", "us",
+        "attention_time_us",
+        "us",
         C["attn_flops_per_token_pair_per_gpu"] * F["attention_work"] / C["dense_flops_per_us"],
         "attention FLOPs (QK and PV) at peak BF16",
     ),
     Primitive(
-        "kv_io_time_us", "us",
+        "kv_io_time_us",
+        "us",
         C["kv_bytes_per_token_per_gpu"] * (F["kv_tokens"] + _total_tokens) / C["hbm_bytes_per_us"],
         "reading the batch's KV cache and writing the new tokens' K and V",
     ),
     Primitive(
-        "allreduce_time_us", "us",
+        "allreduce_time_us",
+        "us",
         2 * (C["tp"] - 1) / C["tp"] * C["allreduce_bytes_per_token"] * _total_tokens / C["nvlink_bytes_per_us"],
         "ring all-reduce bytes of two all-reduces per layer over NVLink (zero at TP1)",
     ),
     Primitive(
-        "allreduce_calls", "calls", 2 * C["n_layers"] * _tp_gt_1,
+        "allreduce_calls",
+        "calls",
+        2 * C["n_layers"] * _tp_gt_1,
         "all-reduce launches per step, latency-bound at decode (zero at TP1)",
     ),
     Primitive("n_layers", "layers", C["n_layers"], "transformer layers"),
     Primitive("tp", "GPUs", C["tp"], "tensor-parallel degree"),
     Primitive("moe_topk_ratio", "ratio", C["moe_topk_ratio"], "experts per token over experts (1 for dense)"),
     Primitive(
-        "moe_touched_fraction", "ratio",
+        "moe_touched_fraction",
+        "ratio",
         1 - (1 - C["moe_topk_ratio"]) ** sp.Max(_total_tokens, 1),
         "expected fraction of experts a batch of n tokens touches (1 for dense)",
     ),

@@ -5,6 +5,7 @@ are not written: the search fits one non-negative coefficient per additive term 
 an intercept (``fitness.scoring``), so ``add(prefill_tokens, decode_tokens)`` *is*
 BLIS's blackbox ``b0 + b1*prefill + b2*decode``.
 """
+
 from __future__ import annotations
 
 import re

@@ -1,4 +1,5 @@
 """A writer SIGKILLed at random moments never corrupts the archive or leaves half a generation."""
+
 from __future__ import annotations
 
 import json
@@ -85,7 +86,10 @@ def test_sigkill_during_writes_never_corrupts(tmp_path: Path):
             break
         proc = subprocess.Popen(
             [sys.executable, "-c", WRITER, str(path), str(PER_GENERATION)],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
         )
         try:
@@ -105,7 +109,10 @@ def test_sigkill_during_writes_never_corrupts(tmp_path: Path):
     if last < 1:  # a slow (loaded) machine: let one writer commit, then kill it mid-stream
         proc = subprocess.Popen(
             [sys.executable, "-c", WRITER, str(path), str(PER_GENERATION)],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
         )
         try:

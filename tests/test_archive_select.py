@@ -1,4 +1,5 @@
 """recommend(): the PySR-like 'best' rule on hand-made fronts."""
+
 from __future__ import annotations
 
 import math
@@ -11,8 +12,14 @@ from archive.select import combined_error, rank, recommend
 
 def e(eid: str, complexity: int, **objectives: float) -> ArchiveEntry:
     return ArchiveEntry(
-        id=eid, expression=eid, simplified=eid, complexity=complexity, constants=[],
-        objectives={"complexity": complexity, **objectives}, generation=0, primitives=[],
+        id=eid,
+        expression=eid,
+        simplified=eid,
+        complexity=complexity,
+        constants=[],
+        objectives={"complexity": complexity, **objectives},
+        generation=0,
+        primitives=[],
     )
 
 

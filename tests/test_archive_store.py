@@ -1,4 +1,5 @@
 """The sqlite run archive: round trip, first-discovery generation, ids, run directories."""
+
 from __future__ import annotations
 
 import math
@@ -9,13 +10,8 @@ from pathlib import Path
 import pytest
 
 from archive.entry import ArchiveEntry, entry_id_for
-from archive.store import (
-    ArchiveStore,
-    RunDir,
-    default_run_dir,
-    locate_archive,
-    record_latest,
-)
+from archive.rundir import RunDir, default_run_dir, locate_archive, record_latest
+from archive.store import ArchiveStore
 from primitives.errors import InputError
 
 

@@ -4,6 +4,7 @@ exit status 2; never a traceback.
 Most cases call ``evolve.cli.main`` in-process (an uncaught exception would fail the
 test just like a traceback would reach a user); a few run ``python -m evolve`` for real.
 """
+
 import json
 import os
 import subprocess
@@ -25,12 +26,22 @@ def good_trace() -> pd.DataFrame:
     rng = np.random.default_rng(1)
     decode = rng.integers(1, 100, N_ROWS)
     ts = np.concatenate([[0], np.cumsum(8000 + 60 * decode)[:-1]]) * 1000
-    return pd.DataFrame({
-        "experiment_id": "tiny", "model": "llama-2-7b", "tp": 1, "step.id": np.arange(N_ROWS),
-        "step.ts_start_ns": ts, "step.duration_us": 300, "batch.prefill_tokens": 0, "batch.decode_tokens": decode,
-        "batch.num_prefill_reqs": 0, "batch.num_decode_reqs": decode, "kv.blocks_total_gpu": 7000,
-        "kv.blocks_free_gpu": 7000 - decode * 40,
-    })
+    return pd.DataFrame(
+        {
+            "experiment_id": "tiny",
+            "model": "llama-2-7b",
+            "tp": 1,
+            "step.id": np.arange(N_ROWS),
+            "step.ts_start_ns": ts,
+            "step.duration_us": 300,
+            "batch.prefill_tokens": 0,
+            "batch.decode_tokens": decode,
+            "batch.num_prefill_reqs": 0,
+            "batch.num_decode_reqs": decode,
+            "kv.blocks_total_gpu": 7000,
+            "kv.blocks_free_gpu": 7000 - decode * 40,
+        }
+    )
 
 
 def _set(df: pd.DataFrame, row: int, col: str, value) -> pd.DataFrame:
@@ -82,11 +93,23 @@ def archive(tmp_path_factory):
     """A real (tiny) run directory and the id of an entry on its front."""
     d = tmp_path_factory.mktemp("archive")
     good_trace().to_csv(d / "good.csv", index=False)
-    res = subprocess.run([sys.executable, "-m", "evolve", *run_args("good.csv")], cwd=d, env=ENV,
-                         capture_output=True, text=True, timeout=180)
+    res = subprocess.run(
+        [sys.executable, "-m", "evolve", *run_args("good.csv")],
+        cwd=d,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert res.returncode == 0, res.stderr
-    out = subprocess.run([sys.executable, "-m", "evolve", "archive", "list", "--json", "--run-dir", "runs/x"], cwd=d,
-                         env=ENV, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "evolve", "archive", "list", "--json", "--run-dir", "runs/x"],
+        cwd=d,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return d / "runs" / "x", json.loads(out.stdout)[0]["id"], d / "good.csv"
 
@@ -125,7 +148,10 @@ TRACE_CASES = {
     "missing_column": (_drop("batch.decode_tokens"), ["batch.decode_tokens", "missing column", "expected"]),
     "misnamed_column": (_rename("kv.blocks_free_gpu", "kv.free_blocks"), ["kv.blocks_free_gpu", "missing column"]),
     "missing_timestamp_column": (_drop("step.ts_start_ns"), ["step.ts_start_ns", "missing column"]),
-    "non_numeric": (lambda df: _set(df, 3, "batch.decode_tokens", "abc"), ["batch.decode_tokens", "non-numeric", "'abc'"]),
+    "non_numeric": (
+        lambda df: _set(df, 3, "batch.decode_tokens", "abc"),
+        ["batch.decode_tokens", "non-numeric", "'abc'"],
+    ),
     "non_numeric_tp": (lambda df: _set(df, 0, "tp", "four"), ["tp", "non-numeric"]),
     "nan": (lambda df: _set(df, 4, "batch.prefill_tokens", np.nan), ["batch.prefill_tokens", "NaN", "row 4"]),
     "infinite": (lambda df: _set(df, 7, "step.ts_start_ns", np.inf), ["step.ts_start_ns", "non-finite"]),
@@ -139,7 +165,10 @@ TRACE_CASES = {
     "fractional_step_id": (lambda df: _set(df, 0, "step.id", 0.5), ["step.id", "non-integer", "integer step id"]),
     "zero_tp": (lambda df: df.assign(tp=0), ["tp", ">= 1"]),
     "missing_experiment": (lambda df: _set(df, 3, "experiment_id", np.nan), ["experiment_id", "row 3"]),
-    "more_free_than_total": (lambda df: _set(df, 2, "kv.blocks_free_gpu", 9000), ["kv.blocks_free_gpu", "kv.blocks_total_gpu"]),
+    "more_free_than_total": (
+        lambda df: _set(df, 2, "kv.blocks_free_gpu", 9000),
+        ["kv.blocks_free_gpu", "kv.blocks_total_gpu"],
+    ),
     "no_consecutive_steps": (_no_consecutive, ["step.id", "'tiny'", "consecutive"]),
     "header_only": (lambda df: df.iloc[:0], ["no rows"]),
 }
@@ -164,14 +193,17 @@ def test_bad_parquet_trace(case, work, capsys):
     assert_one_line_error(rc, err, "bad.parquet", *needles)
 
 
-@pytest.mark.parametrize("name,content,needle", [
-    ("empty.csv", "", "empty"),
-    ("empty.parquet", "", "empty"),
-    ("blank.csv", "\n\n", "not a readable csv"),
-    ("garbage.csv", 'a,b\n1,2,3,4\n"unterminated\n', "not a readable csv"),
-    ("garbage.parquet", "not parquet", "not a readable parquet"),
-    ("trace.txt", "x", "expected .parquet or .csv"),
-])
+@pytest.mark.parametrize(
+    "name,content,needle",
+    [
+        ("empty.csv", "", "empty"),
+        ("empty.parquet", "", "empty"),
+        ("blank.csv", "\n\n", "not a readable csv"),
+        ("garbage.csv", 'a,b\n1,2,3,4\n"unterminated\n', "not a readable csv"),
+        ("garbage.parquet", "not parquet", "not a readable parquet"),
+        ("trace.txt", "x", "expected .parquet or .csv"),
+    ],
+)
 def test_unreadable_or_empty_trace_file(name, content, needle, work, capsys):
     (work / name).write_text(content)
     rc, _, err = call(run_args(name), capsys)
@@ -193,8 +225,9 @@ def test_per_request_detail_missing_column(work, capsys):
     d = work / "trace"
     d.mkdir()
     good_trace().to_csv(d / "step_traces.csv", index=False)
-    pd.DataFrame({"experiment_id": ["tiny"], "step.id": [0], "new_tokens": [1], "input_len": [5],
-                  "output_len": [1]}).to_csv(d / "step_requests.csv", index=False)
+    pd.DataFrame(
+        {"experiment_id": ["tiny"], "step.id": [0], "new_tokens": [1], "input_len": [5], "output_len": [1]}
+    ).to_csv(d / "step_requests.csv", index=False)
     rc, _, err = call(run_args("trace"), capsys)
     assert_one_line_error(rc, err, "step_requests.csv", "progress", "missing column")
 
@@ -221,8 +254,13 @@ def test_score_reads_traces_through_the_same_checks(archive, work, capsys):
 
 # --- model configs and GPU datasheets ------------------------------------------------
 LLAMA_7B = {
-    "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 11008,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
     "torch_dtype": "float16",
 }
 H100 = {
@@ -240,16 +278,22 @@ def _model_configs(work: Path, cfg: dict | str) -> Path:
     return work / "configs"
 
 
-@pytest.mark.parametrize("case,cfg,needles", [
-    ("unknown_architecture", {**LLAMA_7B, "architectures": ["GPTBigCodeForCausalLM"]},
-     ["architectures", "unknown architecture 'GPTBigCodeForCausalLM'", "LlamaForCausalLM"]),
-    ("no_architecture", {k: v for k, v in LLAMA_7B.items() if k != "architectures"}, ["architectures"]),
-    ("missing_hidden_size", {k: v for k, v in LLAMA_7B.items() if k != "hidden_size"}, ["hidden_size", "missing"]),
-    ("string_layers", {**LLAMA_7B, "num_hidden_layers": "thirty-two"}, ["num_hidden_layers", "expected a number"]),
-    ("unknown_dtype", {**LLAMA_7B, "torch_dtype": "int3"}, ["torch_dtype", "int3"]),
-    ("empty_file", "", ["empty"]),
-    ("invalid_json", "{nope", ["not valid JSON"]),
-])
+@pytest.mark.parametrize(
+    "case,cfg,needles",
+    [
+        (
+            "unknown_architecture",
+            {**LLAMA_7B, "architectures": ["GPTBigCodeForCausalLM"]},
+            ["architectures", "unknown architecture 'GPTBigCodeForCausalLM'", "LlamaForCausalLM"],
+        ),
+        ("no_architecture", {k: v for k, v in LLAMA_7B.items() if k != "architectures"}, ["architectures"]),
+        ("missing_hidden_size", {k: v for k, v in LLAMA_7B.items() if k != "hidden_size"}, ["hidden_size", "missing"]),
+        ("string_layers", {**LLAMA_7B, "num_hidden_layers": "thirty-two"}, ["num_hidden_layers", "expected a number"]),
+        ("unknown_dtype", {**LLAMA_7B, "torch_dtype": "int3"}, ["torch_dtype", "int3"]),
+        ("empty_file", "", ["empty"]),
+        ("invalid_json", "{nope", ["not valid JSON"]),
+    ],
+)
 def test_bad_model_config(case, cfg, needles, work, capsys):
     configs = _model_configs(work, cfg)
     rc, _, err = call(run_args("good.csv", "--model-configs", configs), capsys)
@@ -273,17 +317,32 @@ def _without(d: dict, section: str, key: str) -> dict:
     return out
 
 
-@pytest.mark.parametrize("case,sheet,needles", [
-    ("missing_bandwidth", _without(H100, "memory", "bandwidth_tb_s"), ["memory.bandwidth_tb_s", "missing"]),
-    ("missing_capacity", _without(H100, "memory", "capacity_gb"), ["memory.capacity_gb", "missing"]),
-    ("missing_nvlink", _without(H100, "interconnect", "nvlink_bandwidth_gb_s"), ["interconnect.nvlink_bandwidth_gb_s"]),
-    ("missing_flops", {**H100, "compute": {"with_sparsity": True}}, ["compute.", "tensor_core", "missing"]),
-    ("missing_section", {k: v for k, v in H100.items() if k != "memory"}, ["memory.", "missing"]),
-    ("negative_bandwidth", {**H100, "memory": {"capacity_gb": 80, "bandwidth_tb_s": -1}}, ["bandwidth_tb_s", "positive"]),
-    ("text_bandwidth", {**H100, "memory": {"capacity_gb": 80, "bandwidth_tb_s": "fast"}}, ["bandwidth_tb_s", "'fast'"]),
-    ("empty_file", "", ["empty"]),
-    ("not_an_object", "[1, 2]", ["JSON object"]),
-])
+@pytest.mark.parametrize(
+    "case,sheet,needles",
+    [
+        ("missing_bandwidth", _without(H100, "memory", "bandwidth_tb_s"), ["memory.bandwidth_tb_s", "missing"]),
+        ("missing_capacity", _without(H100, "memory", "capacity_gb"), ["memory.capacity_gb", "missing"]),
+        (
+            "missing_nvlink",
+            _without(H100, "interconnect", "nvlink_bandwidth_gb_s"),
+            ["interconnect.nvlink_bandwidth_gb_s"],
+        ),
+        ("missing_flops", {**H100, "compute": {"with_sparsity": True}}, ["compute.", "tensor_core", "missing"]),
+        ("missing_section", {k: v for k, v in H100.items() if k != "memory"}, ["memory.", "missing"]),
+        (
+            "negative_bandwidth",
+            {**H100, "memory": {"capacity_gb": 80, "bandwidth_tb_s": -1}},
+            ["bandwidth_tb_s", "positive"],
+        ),
+        (
+            "text_bandwidth",
+            {**H100, "memory": {"capacity_gb": 80, "bandwidth_tb_s": "fast"}},
+            ["bandwidth_tb_s", "'fast'"],
+        ),
+        ("empty_file", "", ["empty"]),
+        ("not_an_object", "[1, 2]", ["JSON object"]),
+    ],
+)
 def test_bad_gpu_datasheet(case, sheet, needles, work, capsys):
     path = work / "gpu.json"
     path.write_text(sheet if isinstance(sheet, str) else json.dumps(sheet))
@@ -297,8 +356,10 @@ def test_missing_gpu_datasheet(work, capsys):
 
 
 # --- experiment directories ----------------------------------------------------------
-EXP_CONFIG = ("model: meta-llama/Llama-2-7b-hf\ntensor_parallelism: 1\nmax_model_len: 4096\n"
-              "max_num_batched_tokens: 2048\nmax_num_seqs: 128\n")
+EXP_CONFIG = (
+    "model: meta-llama/Llama-2-7b-hf\ntensor_parallelism: 1\nmax_model_len: 4096\n"
+    "max_num_batched_tokens: 2048\nmax_num_seqs: 128\n"
+)
 RESULTS_CONFIG = """data:
   type: shared_prefix
   shared_prefix: {num_groups: 2, num_prompts_per_group: 2, system_prompt_len: 100, question_len: 50, output_len: 20}
@@ -310,13 +371,22 @@ load:
 
 
 def _metrics(e2e=1.0) -> dict:
-    lat = {"request_latency": {"mean": e2e}, "time_to_first_token": {"mean": 0.1},
-           "inter_token_latency": {"mean": 0.01}, "time_per_output_token": {"mean": 0.02}}
+    lat = {
+        "request_latency": {"mean": e2e},
+        "time_to_first_token": {"mean": 0.1},
+        "inter_token_latency": {"mean": 0.01},
+        "time_per_output_token": {"mean": 0.02},
+    }
     return {"successes": {"count": 5, "latency": lat}, "failures": {"count": 0}}
 
 
-def _experiment(root: Path, name: str = "20260101-000000-llama-2-7b-tp1-general", summary: dict | str | None = "ok",
-                stages: int = 1, exp_config: str = EXP_CONFIG) -> Path:
+def _experiment(
+    root: Path,
+    name: str = "20260101-000000-llama-2-7b-tp1-general",
+    summary: dict | str | None = "ok",
+    stages: int = 1,
+    exp_config: str = EXP_CONFIG,
+) -> Path:
     d = root / name
     (d / "results").mkdir(parents=True)
     (d / "exp-config.yaml").write_text(exp_config)
@@ -324,7 +394,9 @@ def _experiment(root: Path, name: str = "20260101-000000-llama-2-7b-tp1-general"
     for i in range(stages):
         (d / "results" / f"stage_{i}_lifecycle_metrics.json").write_text(json.dumps(_metrics()))
     if summary is not None:
-        text = json.dumps(_metrics()) if summary == "ok" else summary if isinstance(summary, str) else json.dumps(summary)
+        text = (
+            json.dumps(_metrics()) if summary == "ok" else summary if isinstance(summary, str) else json.dumps(summary)
+        )
         (d / "results" / "summary_lifecycle_metrics.json").write_text(text)
     return d
 
@@ -362,13 +434,19 @@ def test_validate_experiment_with_stage_metrics_but_no_summary(archive, work, ca
     assert_one_line_error(rc, err, "summary_lifecycle_metrics.json", "stage_0_lifecycle_metrics.json")
 
 
-@pytest.mark.parametrize("case,summary,needles", [
-    ("empty_summary", "", ["empty"]),
-    ("invalid_json", "{", ["not valid JSON"]),
-    ("missing_latency", {"successes": {"count": 5, "latency": {}}, "failures": {"count": 0}},
-     ["successes.latency.request_latency.mean", "missing"]),
-    ("text_count", {**_metrics(), "failures": {"count": "none"}}, ["failures.count", "expected a number"]),
-])
+@pytest.mark.parametrize(
+    "case,summary,needles",
+    [
+        ("empty_summary", "", ["empty"]),
+        ("invalid_json", "{", ["not valid JSON"]),
+        (
+            "missing_latency",
+            {"successes": {"count": 5, "latency": {}}, "failures": {"count": 0}},
+            ["successes.latency.request_latency.mean", "missing"],
+        ),
+        ("text_count", {**_metrics(), "failures": {"count": "none"}}, ["failures.count", "expected a number"]),
+    ],
+)
 def test_validate_experiment_with_bad_results(case, summary, needles, archive, work, capsys):
     run_dir, entry_id, _ = archive
     _experiment(work / "exps", summary=summary)
@@ -384,12 +462,15 @@ def test_validate_experiment_with_bad_exp_config(archive, work, capsys):
 
 
 # --- archive ids ----------------------------------------------------------------------
-@pytest.mark.parametrize("command", [
-    ["archive", "show", "deadbeef"],
-    ["export-go", "deadbeef", "--out", "go-out"],
-    ["score", "deadbeef", "--data", "DATA"],
-    ["validate", "deadbeef", "--experiments", "EXPS"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["archive", "show", "deadbeef"],
+        ["export-go", "deadbeef", "--out", "go-out"],
+        ["score", "deadbeef", "--data", "DATA"],
+        ["validate", "deadbeef", "--experiments", "EXPS"],
+    ],
+)
 def test_unknown_archive_id(command, archive, work, capsys):
     run_dir, _, data = archive
     _experiment(work / "exps")
@@ -430,8 +511,9 @@ def test_score_json_below_a_file_says_why(archive, work, capsys):
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into read-only directories")
 def test_score_json_into_a_read_only_directory(archive, read_only_dir, capsys):
     run_dir, entry_id, data = archive
-    rc, _, err = call(["score", entry_id, "--data", data, "--run-dir", run_dir, "--json", read_only_dir / "x.json"],
-                      capsys)
+    rc, _, err = call(
+        ["score", entry_id, "--data", data, "--run-dir", run_dir, "--json", read_only_dir / "x.json"], capsys
+    )
     assert_one_line_error(rc, err, "x.json", "--json", "permission denied")
 
 
@@ -452,8 +534,10 @@ def test_export_go_into_a_read_only_directory(archive, read_only_dir, capsys):
 
 @needs_proc
 def test_run_dir_that_cannot_be_created(work, capsys):
-    rc, _, err = call(["run", "--generations", "1", "--population", "8", "--data", "good.csv",
-                       "--run-dir", "/proc/stepsynth-run"], capsys)
+    rc, _, err = call(
+        ["run", "--generations", "1", "--population", "8", "--data", "good.csv", "--run-dir", "/proc/stepsynth-run"],
+        capsys,
+    )
     assert_one_line_error(rc, err, "/proc/stepsynth-run", "--run-dir")
 
 
@@ -466,6 +550,7 @@ def test_real_process(case, archive, tmp_path):
         args, needles = run_args("bad.csv"), ["bad.csv", "batch.decode_tokens", "NaN"]
     else:
         args, needles = ["archive", "show", "deadbeef", "--run-dir", str(run_dir)], ["'deadbeef'"]
-    res = subprocess.run([sys.executable, "-m", "evolve", *args], cwd=tmp_path, env=ENV, capture_output=True,
-                         text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "evolve", *args], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120
+    )
     assert_one_line_error(res.returncode, res.stderr, *needles)

@@ -1,4 +1,5 @@
 """`python -m evolve archive ...` and the CLI's error handling, on a hand-filled archive."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from archive.entry import ArchiveEntry, entry_id_for
+from archive.rundir import record_latest
 from archive.select import recommend
-from archive.store import ArchiveStore, record_latest
+from archive.store import ArchiveStore
 from evolve.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -18,9 +20,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 def entry(expr: str, complexity: int, step_mape: float, e2e: float, generation: int = 0) -> ArchiveEntry:
     return ArchiveEntry(
-        id=entry_id_for(expr), expression=expr, simplified=expr, complexity=complexity,
-        constants=[0.5, 3.0], objectives={"step_mape": step_mape, "complexity": complexity, "e2e_error": e2e},
-        generation=generation, primitives=["decode_tokens", "weight_bytes_per_gpu"],
+        id=entry_id_for(expr),
+        expression=expr,
+        simplified=expr,
+        complexity=complexity,
+        constants=[0.5, 3.0],
+        objectives={"step_mape": step_mape, "complexity": complexity, "e2e_error": e2e},
+        generation=generation,
+        primitives=["decode_tokens", "weight_bytes_per_gpu"],
         overheads={"inter_step_gap_us": 850.0},
         per_experiment={
             "llama-2-70b-tp4-general": {"mape": step_mape, "e2e_error": e2e, "n": 593},
@@ -140,13 +147,19 @@ def test_usage_errors_exit_2(project: Path, capsys):
 def test_python_dash_m_entry_point(project: Path):
     proc = subprocess.run(
         [sys.executable, "-m", "evolve", "archive", "show", "0000000"],
-        cwd=project.parent.parent, capture_output=True, text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        cwd=project.parent.parent,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
     )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ")
     proc = subprocess.run(
         [sys.executable, "-m", "evolve", "archive", "best", "--json"],
-        cwd=project.parent.parent, capture_output=True, text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        cwd=project.parent.parent,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["id"] == FRONT[1].id

@@ -4,6 +4,7 @@ The heavy implementations (search, scoring, replay, Go export) are replaced by s
 fakes in ``sys.modules`` so these tests check only what the CLI does: parse, check
 inputs, call, write JSON, show tables, and turn errors into one line.
 """
+
 from __future__ import annotations
 
 import io
@@ -15,15 +16,22 @@ from pathlib import Path
 import pytest
 
 from archive.entry import ArchiveEntry, entry_id_for
-from archive.store import ArchiveStore, RunDir, record_latest
+from archive.rundir import RunDir, record_latest
+from archive.store import ArchiveStore
 from evolve.cli import main
 from evolve.config import RunConfig
 from evolve.ui import RunUI
 from primitives.errors import InputError
 
 ENTRY = ArchiveEntry(
-    id=entry_id_for("2.0*decode_tokens"), expression="2.0*decode_tokens", simplified="2.0*decode_tokens",
-    complexity=3, constants=[2.0], objectives={"step_mape": 0.2}, generation=1, primitives=["decode_tokens"],
+    id=entry_id_for("2.0*decode_tokens"),
+    expression="2.0*decode_tokens",
+    simplified="2.0*decode_tokens",
+    complexity=3,
+    constants=[2.0],
+    objectives={"step_mape": 0.2},
+    generation=1,
+    primitives=["decode_tokens"],
 )
 
 
@@ -66,13 +74,28 @@ def test_run_builds_config_and_calls_search(project: Path, monkeypatch, capsys):
         ui.finish([ENTRY], {"status": "finished"})
         return [ENTRY]
 
-    fake_module(monkeypatch, "evolve.search", run_search=run_search)
+    fake_module(monkeypatch, "evolve.run", run_search=run_search)
     data = project / "steps.parquet"
     data.write_bytes(b"")
-    rc = main([
-        "run", "--generations", "3", "--population", "20", "--seed", "7", "--data", str(data),
-        "--jobs", "2", "--time-limit", "60", "--checkpoint-every", "2",
-    ])
+    rc = main(
+        [
+            "run",
+            "--generations",
+            "3",
+            "--population",
+            "20",
+            "--seed",
+            "7",
+            "--data",
+            str(data),
+            "--jobs",
+            "2",
+            "--time-limit",
+            "60",
+            "--checkpoint-every",
+            "2",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     config = seen["config"]
     assert (config.generations, config.population, config.seed, config.jobs) == (3, 20, 7, 2)
@@ -87,7 +110,7 @@ def test_run_builds_config_and_calls_search(project: Path, monkeypatch, capsys):
 
 
 def test_run_bad_inputs_are_one_line(project: Path, monkeypatch, capsys):
-    fake_module(monkeypatch, "evolve.search", run_search=lambda c, ui: pytest.fail("must not run"))
+    fake_module(monkeypatch, "evolve.run", run_search=lambda c, ui: pytest.fail("must not run"))
     assert main(["run", "--generations", "2", "--data", "missing.parquet"]) == 2
     assert "missing.parquet: --data: no such file" in one_error_line(capsys)
     assert main(["run", "--generations", "2", "--scheduler", "tcp://x:8786"]) == 2
@@ -98,7 +121,7 @@ def test_run_bad_inputs_are_one_line(project: Path, monkeypatch, capsys):
     def bad_input(config, ui):
         raise InputError("traces.parquet", "step.id", "expected integers")
 
-    fake_module(monkeypatch, "evolve.search", run_search=bad_input)
+    fake_module(monkeypatch, "evolve.run", run_search=bad_input)
     assert main(["run", "--generations", "2"]) == 2
     assert one_error_line(capsys) == "error: traces.parquet: step.id: expected integers"
     # a run that failed before creating its archive leaves LATEST alone
@@ -109,7 +132,7 @@ def test_run_interrupted_is_one_line_130(project: Path, monkeypatch, capsys):
     def interrupted(config, ui):
         raise KeyboardInterrupt
 
-    fake_module(monkeypatch, "evolve.search", run_search=interrupted)
+    fake_module(monkeypatch, "evolve.run", run_search=interrupted)
     assert main(["run", "--generations", "2", "--run-dir", "somewhere"]) == 130
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith("interrupted") and "--resume" in err
@@ -149,13 +172,23 @@ def test_unwritable_json_fails_before_work(project: Path, monkeypatch, capsys):
 def test_validate(project: Path, monkeypatch, capsys):
     def validate_entry(entry, experiments_dir, lomo, resolver):
         assert lomo is True and experiments_dir == "exps"
-        item = {"name": "a", "e2e_mean_pred_s": 1.05, "e2e_mean_obs_s": 1.0, "e2e_error": 0.05,
-                "ttft_mean_pred_s": 0.022, "ttft_mean_obs_s": 0.02, "ttft_error": 0.1,
-                "itl_mean_pred_s": None, "itl_mean_obs_s": None, "itl_error": None,
-                "failures_pred": 0, "failures_obs": 0}
+        item = {
+            "name": "a",
+            "e2e_mean_pred_s": 1.05,
+            "e2e_mean_obs_s": 1.0,
+            "e2e_error": 0.05,
+            "ttft_mean_pred_s": 0.022,
+            "ttft_mean_obs_s": 0.02,
+            "ttft_error": 0.1,
+            "itl_mean_pred_s": None,
+            "itl_mean_obs_s": None,
+            "itl_error": None,
+            "failures_pred": 0,
+            "failures_obs": 0,
+        }
         return {"summary": {"e2e_error_mean": 0.07}, "experiments": [item]}
 
-    fake_module(monkeypatch, "fitness.validate", validate_entry=validate_entry)
+    fake_module(monkeypatch, "evolve.validation", validate_entry=validate_entry)
     (project / "exps").mkdir()
     assert main(["validate", ENTRY.id, "--experiments", "exps", "--lomo", "--json", "v.json"]) == 0
     saved = json.loads((project / "v.json").read_text())
@@ -179,9 +212,27 @@ def test_export_go(project: Path, monkeypatch, capsys):
     def run_deployments(entry, run_dir=None):
         return [types.SimpleNamespace(experiment="exp-a", model="llama-2-7b", tp=1, gpu=None)]
 
-    fake_module(monkeypatch, "translate_go.export", export_go=export_go, run_deployments=run_deployments)
-    assert main(["export-go", ENTRY.id, "--out", "go/out", "--package", "sim", "--interface", "seed",
-                 "--model", "llama-2-70b", "--tp", "4"]) == 0
+    fake_module(monkeypatch, "translate_go.export", export_go=export_go)
+    monkeypatch.setattr("archive.rundir.run_deployments", run_deployments)
+    assert (
+        main(
+            [
+                "export-go",
+                ENTRY.id,
+                "--out",
+                "go/out",
+                "--package",
+                "sim",
+                "--interface",
+                "seed",
+                "--model",
+                "llama-2-70b",
+                "--tp",
+                "4",
+            ]
+        )
+        == 0
+    )
     assert seen["entry"] == ENTRY.id and seen["package"] == "sim" and seen["interface"] == "seed"
     assert seen["deployment"].tp == 4 and seen["out"] == Path("go/out")
     assert "step_time.go" in capsys.readouterr().out
@@ -195,11 +246,11 @@ def test_export_go(project: Path, monkeypatch, capsys):
 
 
 def test_missing_implementation_is_reported_not_faked(project: Path, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "fitness.validate", None)  # import fails as if the module were absent
+    monkeypatch.setitem(sys.modules, "evolve.validation", None)  # import fails as if the module were absent
     (project / "exps").mkdir()
     rc = main(["validate", ENTRY.id, "--experiments", "exps"])
     err = capsys.readouterr().err
-    assert rc in (1, 2) and err.startswith("error: ") and "fitness.validate" in err
+    assert rc in (1, 2) and err.startswith("error: ") and "evolve.validation" in err
 
 
 # -- UI ------------------------------------------------------------------------------
@@ -213,11 +264,11 @@ def test_quiet_ui_prints_plain_lines():
     ui.finish([ENTRY], {"status": "finished", "evaluations": 1000})
     lines = buf.getvalue().splitlines()
     assert lines[0].startswith("search: 10 generations")
-    gen_lines = [l for l in lines if l.startswith("gen ")]
-    assert [l.split()[1] for l in gen_lines] == ["1/10", "10/10"]  # rate-limited: first and last
+    gen_lines = [line for line in lines if line.startswith("gen ")]
+    assert [line.split()[1] for line in gen_lines] == ["1/10", "10/10"]  # rate-limited: first and last
     assert "best 5.00%" in gen_lines[-1] and "250 evals/s" in gen_lines[-1] and "ETA" in gen_lines[-1]
     assert "checkpoint written" in lines
-    assert any(ENTRY.id in l and l.startswith("*") for l in lines)
+    assert any(ENTRY.id in line and line.startswith("*") for line in lines)
     assert "status: finished" in lines
 
 

@@ -4,6 +4,7 @@ A real ``distributed.LocalCluster`` with worker processes is started here; the s
 connects to it by address (what ``--scheduler`` does). The CLI test lets
 ``evolve.cluster.dask_client`` start its own local cluster.
 """
+
 import json
 import random
 import socket
@@ -17,13 +18,14 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
+from test_search import planted_table  # noqa: E402
+
 from evolve.config import RunConfig  # noqa: E402
-from primitives.language import canonical  # noqa: E402
-from evolve.search import Evaluator, Search  # noqa: E402
+from evolve.evaluator import Evaluator  # noqa: E402
+from evolve.search import Search  # noqa: E402
 from fitness.scoring import FitnessContext  # noqa: E402
 from primitives.errors import InputError  # noqa: E402
-
-from test_search import planted_table  # noqa: E402
+from primitives.language import canonical  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
@@ -46,7 +48,9 @@ def _front(jobs: int, backend: str = "loky", scheduler: str | None = None, seed:
         s.initialise()
         for _ in range(cfg.generations):
             s.step()
-        return [(canonical(p), sc.train_error, sc.complexity, tuple(sc.coefficients), sc.intercept) for p, sc in s.front()]
+        return [
+            (canonical(p), sc.train_error, sc.complexity, tuple(sc.coefficients), sc.intercept) for p, sc in s.front()
+        ]
 
 
 def test_dask_front_equals_serial_and_loky(cluster):
@@ -86,17 +90,28 @@ def _tiny_trace(path: Path) -> None:
     n = 400
     decode = rng.integers(1, 100, n)
     ts = np.concatenate([[0], np.cumsum(8000 + 60 * decode)[:-1]]) * 1000
-    pd.DataFrame({
-        "experiment_id": "tiny", "model": "llama-2-7b", "tp": 1, "step.id": np.arange(n), "step.ts_start_ns": ts,
-        "step.duration_us": 300, "batch.prefill_tokens": 0, "batch.decode_tokens": decode,
-        "batch.num_prefill_reqs": 0, "batch.num_decode_reqs": decode, "kv.blocks_total_gpu": 7000,
-        "kv.blocks_free_gpu": 7000 - decode * 40,
-    }).to_csv(path, index=False)
+    pd.DataFrame(
+        {
+            "experiment_id": "tiny",
+            "model": "llama-2-7b",
+            "tp": 1,
+            "step.id": np.arange(n),
+            "step.ts_start_ns": ts,
+            "step.duration_us": 300,
+            "batch.prefill_tokens": 0,
+            "batch.decode_tokens": decode,
+            "batch.num_prefill_reqs": 0,
+            "batch.num_decode_reqs": decode,
+            "kv.blocks_total_gpu": 7000,
+            "kv.blocks_free_gpu": 7000 - decode * 40,
+        }
+    ).to_csv(path, index=False)
 
 
 def _cli(args, cwd):
-    return subprocess.run([sys.executable, "-m", "evolve", *args], cwd=cwd, capture_output=True, text=True,
-                          env=ENV, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "evolve", *args], cwd=cwd, capture_output=True, text=True, env=ENV, timeout=180
+    )
 
 
 def test_cli_backend_dask_starts_a_local_cluster_and_matches_loky(tmp_path):

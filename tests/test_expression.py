@@ -1,4 +1,5 @@
 """The vectorised interpreter agrees with sympy; protected operators never emit NaN/inf."""
+
 import numpy as np
 import pytest
 
@@ -14,7 +15,7 @@ from primitives.language import (
 )
 
 V = lambda n: ("var", n)  # noqa: E731
-O = lambda n: ("op", n)  # noqa: E731
+O = lambda n: ("op", n)  # noqa: E731, E741 - reads like the token it builds
 C = lambda v: ("const", v)  # noqa: E731
 
 PROGRAMS = [
@@ -31,7 +32,15 @@ def columns():
     n = 500
     cols = {
         name: rng.uniform(0, 1e4, n)
-        for name in ["weight_time_us", "kv_tokens", "decode_tokens", "matmul_time_us", "kv_io_time_us", "prefill_tokens", "batch_size"]
+        for name in [
+            "weight_time_us",
+            "kv_tokens",
+            "decode_tokens",
+            "matmul_time_us",
+            "kv_io_time_us",
+            "prefill_tokens",
+            "batch_size",
+        ]
     }
     cols["decode_tokens"][:50] = 0.0  # protected division by zero
     return cols

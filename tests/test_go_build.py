@@ -1,5 +1,6 @@
 """Generated Go compiles, is gofmt-clean, passes go vet and its golden tests, and agrees
 with Python on random expressions. Skipped only when no Go toolchain can be found."""
+
 import random
 import re
 import subprocess
@@ -9,8 +10,8 @@ import pytest
 import sympy as sp
 
 from archive.entry import ArchiveEntry
-from primitives.language import pdiv, symbol, to_infix
 from primitives.deployment import default_resolver
+from primitives.language import pdiv, symbol, to_infix
 from primitives.registry import PRIMITIVES
 from translate_go.export import export_go
 from translate_go.goeval import go_eval_batches, go_eval_many, go_program_source
@@ -27,9 +28,17 @@ R = default_resolver()
 CASES = {
     "physics": (
         1.05 * P["weight_time_us"] + 0.9 * P["kv_io_time_us"] + 12 * P["allreduce_calls"] + 40,
-        "llama-2-70b", 4, "seed",
-        {"queueing_base_us": 1500.4, "queueing_per_input_token_us": 0.25, "scheduling_processing_us": 250.5,
-         "output_token_processing_us": 12.0, "preemption_processing_us": 99.5, "post_decode_fixed_us": 3.0},
+        "llama-2-70b",
+        4,
+        "seed",
+        {
+            "queueing_base_us": 1500.4,
+            "queueing_per_input_token_us": 0.25,
+            "scheduling_processing_us": 250.5,
+            "output_token_processing_us": 12.0,
+            "preemption_processing_us": 99.5,
+            "post_decode_fixed_us": 3.0,
+        },
         1000,
     ),
     "piecewise_cse": (
@@ -40,14 +49,22 @@ CASES = {
         )
         + sp.sqrt(P["weight_time_us"] + P["matmul_time_us"])
         + P["allreduce_calls"],
-        "llama-2-7b", 1, "blis", {"scheduling_processing_us": 120.25, "post_decode_fixed_us": 7.5}, 300,
+        "llama-2-7b",
+        1,
+        "blis",
+        {"scheduling_processing_us": 120.25, "post_decode_fixed_us": 7.5},
+        300,
     ),
     "maxmin_pdiv_third": (
         sp.Max(P["matmul_time_us"], P["weight_time_us"], P["kv_io_time_us"] / 3)
         + sp.Min(P["attention_time_us"], 50)
         + pdiv(P["prefill_tokens"], P["decode_tokens"] - 1)
         + sp.Rational(1, 3),
-        "codellama-34b", 2, "seed", {}, 300,
+        "codellama-34b",
+        2,
+        "seed",
+        {},
+        300,
     ),
     "powers": (
         P["batch_size"] ** 2 / 100
@@ -56,31 +73,57 @@ CASES = {
         + P["kv_tokens"] ** 1.5 / 1e3
         + sp.log(1 + P["decode_tokens"])
         + P["weight_time_us"] ** -1,
-        "llama-2-70b", 4, "blis", {}, 300,
+        "llama-2-70b",
+        4,
+        "blis",
+        {},
+        300,
     ),
     "per_request": (
         P["attention_time_us"] + 0.01 * P["attention_work"] / (1 + P["batch_size"]) + 0.5 * P["max_kv_tokens"],
-        "llama-2-70b", 4, "seed", {}, 300,
+        "llama-2-70b",
+        4,
+        "seed",
+        {},
+        300,
     ),
     "moe": (
-        P["moe_touched_fraction"] * P["weight_time_us"] + P["moe_topk_ratio"] * P["matmul_time_us"]
-        + P["allreduce_time_us"] + P["n_layers"] * 20,
-        "mixtral-8x7b-v0-1", 2, "blis", {"queueing_base_us": 800.0}, 300,
+        P["moe_touched_fraction"] * P["weight_time_us"]
+        + P["moe_topk_ratio"] * P["matmul_time_us"]
+        + P["allreduce_time_us"]
+        + P["n_layers"] * 20,
+        "mixtral-8x7b-v0-1",
+        2,
+        "blis",
+        {"queueing_base_us": 800.0},
+        300,
     ),
     "constant_third": (sp.Rational(1, 3), "llama-2-7b", 1, "seed", {}, 50),
     "nan_branches": (
         # Piecewise without a default is nan for small batches; both sides must agree on NaN
         sp.Piecewise((P["weight_time_us"], P["batch_size"] > 64)) + sp.sqrt(P["kv_tokens"]),
-        "llama-2-70b", 4, "seed", {}, 100,
+        "llama-2-70b",
+        4,
+        "seed",
+        {},
+        100,
     ),
 }
 
 
 def _entry(name, expr, overheads):
     return ArchiveEntry(
-        id=f"id_{name}", expression=to_infix(expr), simplified=to_infix(expr), complexity=int(sp.count_ops(expr)),
-        constants=[], objectives={"step_mape": 0.1, "e2e_error": 0.05}, generation=1, primitives=[],
-        overheads=overheads, run_id="test", dataset_fingerprint="fp-test",
+        id=f"id_{name}",
+        expression=to_infix(expr),
+        simplified=to_infix(expr),
+        complexity=int(sp.count_ops(expr)),
+        constants=[],
+        objectives={"step_mape": 0.1, "e2e_error": 0.05},
+        generation=1,
+        primitives=[],
+        overheads=overheads,
+        run_id="test",
+        dataset_fingerprint="fp-test",
     )
 
 
@@ -92,8 +135,13 @@ def module_dir(tmp_path_factory):
     for name, (expr, model, tp, interface, overheads, n_golden) in CASES.items():
         pkg = name.replace("_", "")
         paths = export_go(
-            _entry(name, expr, overheads), R.resolve(model, tp), root / name,
-            package=pkg, interface=interface, n_golden=n_golden, seed=11,
+            _entry(name, expr, overheads),
+            R.resolve(model, tp),
+            root / name,
+            package=pkg,
+            interface=interface,
+            n_golden=n_golden,
+            seed=11,
         )
         assert not any(p.name == "go.mod" for p in paths)  # joins the enclosing module
     return root
@@ -126,13 +174,17 @@ def test_go_test_golden(module_dir):
 
 
 def test_benchmark_runs(module_dir):
-    proc = run_go(["test", "-run", "^$", "-bench", "BenchmarkStepTime", "-benchtime", "200x", "./per_request"], module_dir)
+    bench = ["test", "-run", "^$", "-bench", "BenchmarkStepTime", "-benchtime", "200x", "./per_request"]
+    proc = run_go(bench, module_dir)
     assert re.search(r"BenchmarkStepTime\S*\s+200\s+[\d.]+ ns/op", proc.stdout.decode())
 
 
 def test_generated_code_reads_registry(module_dir):
     src = (module_dir / "moe" / "step_time.go").read_text()
-    assert "moeTouchedFraction := 1.0 - math.Pow(1.0-moeTopkRatioConst, math.Max(1.0, f.decodeTokens+f.prefillTokens))" in src
+    assert (
+        "moeTouchedFraction := 1.0 - math.Pow(1.0-moeTopkRatioConst, math.Max(1.0, f.decodeTokens+f.prefillTokens))"
+        in src
+    )
     src = (module_dir / "per_request" / "step_time.go").read_text()
     assert "f.attentionWork += newTokens * (0.5*newTokens + progress)" in src
     assert "if v := newTokens + progress; v > f.maxKVTokens {" in src
@@ -178,7 +230,12 @@ def random_expression(rng: random.Random, depth: int) -> sp.Expr:
         w = c if not c.has(sp.Piecewise) else P[rng.choice(sorted(P))]
         return sp.Piecewise((a, cond), (b * 2, w > 50), (c, True))
     return {
-        "add": a + b, "sub": a - b, "mul": a * b, "pdiv": pdiv(a, b), "max": sp.Max(a, b), "min": sp.Min(a, b),
+        "add": a + b,
+        "sub": a - b,
+        "mul": a * b,
+        "pdiv": pdiv(a, b),
+        "max": sp.Max(a, b),
+        "min": sp.Min(a, b),
     }[kind]
 
 

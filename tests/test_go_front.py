@@ -1,6 +1,6 @@
 """Every member of the front of a default run exports under both interfaces, and gofmt,
 go vet and go test (>= 1000 golden batches each) pass for each; and the deployment
-export-go bakes in when none is named (translate_go.export.run_deployments).
+export-go bakes in when none is named (archive.rundir.run_deployments).
 
 One short search (``python -m evolve run``) on the embedded default data (a small CSV
 trace written here when the package ships none); then ``python -m evolve export-go``
@@ -9,6 +9,7 @@ under the seed and the BLIS interface into one Go module, checked with one gofmt
 go vet and one go test over all packages. The Go checks are skipped only when there is
 no Go toolchain.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,12 +25,13 @@ import pandas as pd
 import pytest
 
 from archive.entry import ArchiveEntry
-from archive.store import ArchiveStore, RunDir
+from archive.rundir import RunDir, run_deployments
+from archive.store import ArchiveStore
 from evolve.cli import main
+from primitives.data.roots import default_data_dir
 from primitives.deployment import default_resolver
 from primitives.errors import InputError
-from primitives.data.roots import default_data_dir
-from translate_go.export import default_deployment, run_deployments
+from translate_go.export import default_deployment
 from translate_go.toolchain import find_go, run_go, run_gofmt_list
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,18 +49,35 @@ def _write_small_trace(path: Path, experiment: str = "tiny", model: str = "llama
     n = 400
     decode = rng.integers(1, 100, n)
     ts = np.concatenate([[0], np.cumsum(8000 + 60 * decode)[:-1]]) * 1000
-    pd.DataFrame({
-        "experiment_id": experiment, "model": model, "tp": tp, "step.id": np.arange(n), "step.ts_start_ns": ts,
-        "step.duration_us": 300, "batch.prefill_tokens": 0, "batch.decode_tokens": decode,
-        "batch.num_prefill_reqs": 0, "batch.num_decode_reqs": decode, "kv.blocks_total_gpu": 7000,
-        "kv.blocks_free_gpu": 7000 - decode * 40,
-    }).to_csv(path, index=False)
+    pd.DataFrame(
+        {
+            "experiment_id": experiment,
+            "model": model,
+            "tp": tp,
+            "step.id": np.arange(n),
+            "step.ts_start_ns": ts,
+            "step.duration_us": 300,
+            "batch.prefill_tokens": 0,
+            "batch.decode_tokens": decode,
+            "batch.num_prefill_reqs": 0,
+            "batch.num_decode_reqs": decode,
+            "kv.blocks_total_gpu": 7000,
+            "kv.blocks_free_gpu": 7000 - decode * 40,
+        }
+    ).to_csv(path, index=False)
 
 
 def _entry(run_config: dict, per_experiment: dict | None = None) -> ArchiveEntry:
     return ArchiveEntry(
-        id="e1", expression="2.0*decode_tokens", simplified="2.0*decode_tokens", complexity=3, constants=[2.0],
-        objectives={}, generation=1, primitives=["decode_tokens"], per_experiment=per_experiment or {},
+        id="e1",
+        expression="2.0*decode_tokens",
+        simplified="2.0*decode_tokens",
+        complexity=3,
+        constants=[2.0],
+        objectives={},
+        generation=1,
+        primitives=["decode_tokens"],
+        per_experiment=per_experiment or {},
         run_config=run_config,
     )
 
@@ -73,7 +92,10 @@ def test_default_deployment_from_the_runs_traces(tmp_path, monkeypatch):
     # the run recorded paths relative to where it started; found from the run's location
     monkeypatch.chdir(tmp_path)
     found = run_deployments(entry, project / "runs" / "r0")
-    assert [(d.experiment, d.model, d.tp) for d in found] == [("a-exp", "codellama-34b", 2), ("b-exp", "llama-2-70b", 4)]
+    assert [(d.experiment, d.model, d.tp) for d in found] == [
+        ("a-exp", "codellama-34b", 2),
+        ("b-exp", "llama-2-70b", 4),
+    ]
     dep = default_deployment(entry, default_resolver(), run_dir=project / "runs" / "r0")
     assert dep.tp == 2 and "34b" in dep.model.name.lower()
     # experiments the entry was scored on come first
@@ -129,8 +151,16 @@ def front_module(tmp_path_factory):
     out = io.StringIO()
     for entry in front:
         for interface in INTERFACES:
-            args = ["export-go", entry.id, "--out", str(module / f"{interface}_{entry.id}"),
-                    "--interface", interface, "--run-dir", str(run_dir)]
+            args = [
+                "export-go",
+                entry.id,
+                "--out",
+                str(module / f"{interface}_{entry.id}"),
+                "--interface",
+                interface,
+                "--run-dir",
+                str(run_dir),
+            ]
             with contextlib.redirect_stdout(out):
                 rc = main(args)
             assert rc == 0, (args, out.getvalue())

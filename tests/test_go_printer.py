@@ -1,4 +1,5 @@
 """Go printer, registry code generation, golden vectors and export: the parts that need no Go."""
+
 import math
 import re
 
@@ -7,9 +8,9 @@ import pytest
 import sympy as sp
 
 from archive.entry import ArchiveEntry
-from primitives.language import parse_infix, pdiv, symbol
 from primitives.deployment import default_resolver
 from primitives.errors import InputError
+from primitives.language import parse_infix, pdiv, symbol
 from primitives.registry import FEATURES, PRIMITIVES
 from translate_go.codegen import (
     CONSTANT_GO_NAMES,
@@ -18,7 +19,7 @@ from translate_go.codegen import (
     features_source,
     step_function_source,
 )
-from translate_go.export import align_rows, enclosing_go_mod, export_go
+from translate_go.export import export_go
 from translate_go.goformat import format_go_expr
 from translate_go.golden import (
     batch_checksum,
@@ -30,6 +31,8 @@ from translate_go.golden import (
     round_step_us,
     splitmix_draws,
 )
+from translate_go.gomod import enclosing_go_mod
+from translate_go.gosource import align_rows, comment_lines
 from translate_go.printer import (
     GoCodePrinter,
     GoPrintError,
@@ -56,7 +59,13 @@ def llama70():
 # --- printer ------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "value, text",
-    [(1 / 3, "0.3333333333333333"), (2.0, "2.0"), (1e20, "1e+20"), (-1.5e-7, "-1.5e-07"), (34488324096.0, "34488324096.0")],
+    [
+        (1 / 3, "0.3333333333333333"),
+        (2.0, "2.0"),
+        (1e20, "1e+20"),
+        (-1.5e-7, "-1.5e-07"),
+        (34488324096.0, "34488324096.0"),
+    ],
 )
 def test_float_literals_round_trip(value, text):
     assert go_float_literal(value) == text
@@ -123,10 +132,9 @@ def test_reserved_words_and_camel_case():
 
 
 def test_piecewise_lowering_and_cse():
-    expr = (
-        sp.Piecewise((x + 1, x > y), (sp.Piecewise((y, (y < 1) | (z > 2)), (z, True)), sp.And(x < 2, y >= 3)), (0, True))
-        + sp.Max(x + y, 2) * pdiv(x + y, sp.sqrt(x + y))
-    )
+    expr = sp.Piecewise(
+        (x + 1, x > y), (sp.Piecewise((y, (y < 1) | (z > 2)), (z, True)), sp.And(x < 2, y >= 3)), (0, True)
+    ) + sp.Max(x + y, 2) * pdiv(x + y, sp.sqrt(x + y))
     p = GoCodePrinter()
     lines, result = lower_statements(expr, p, NameAllocator())
     text = "\n".join(lines)
@@ -189,8 +197,9 @@ def test_splitmix_matches_reference():
 
 def test_random_batches_shape_and_determinism():
     a, b = random_batches(200, seed=3), random_batches(200, seed=3)
-    assert all((u == v).all() for u, v in zip(a, b))
-    assert any((u != v).any() if u.shape == v.shape else True for u, v in zip(a, random_batches(200, seed=4)))
+    assert all((u == v).all() for u, v in zip(a, b, strict=True))
+    c = random_batches(200, seed=4)
+    assert any((u != v).any() if u.shape == v.shape else True for u, v in zip(a, c, strict=True))
     rows = np.concatenate(a)
     sizes = [len(u) for u in a]
     assert min(sizes) >= 1 and max(sizes) <= 128
@@ -200,7 +209,7 @@ def test_random_batches_shape_and_determinism():
     assert (rows[~prefill, 1] == 1).all() and (rows[prefill, 1] <= 2048).all()
     assert any(s == 0 for s in [int((u[:, 0] < u[:, 2]).sum()) for u in a])  # all-decode batches occur
     assert batch_checksum(a[0]) == int(a[0].sum())
-    assert all((u == v).all() for u, v in zip(a, decode_batches(encode_batches(a))))
+    assert all((u == v).all() for u, v in zip(a, decode_batches(encode_batches(a)), strict=True))
 
 
 def test_python_reference_matches_hand_computation(llama70):
@@ -211,9 +220,11 @@ def test_python_reference_matches_hand_computation(llama70):
     kv = (0 + 100) + (300 + 1)
     total = 101
     attention_work = 100 * (0 + 50) + 1 * (300 + 0.5)
-    want = c["weight_bytes_per_gpu"] / c["hbm_bytes_per_us"] + 2 * c["kv_bytes_per_token_per_gpu"] * (kv + total) / c[
-        "hbm_bytes_per_us"
-    ] + attention_work
+    want = (
+        c["weight_bytes_per_gpu"] / c["hbm_bytes_per_us"]
+        + 2 * c["kv_bytes_per_token_per_gpu"] * (kv + total) / c["hbm_bytes_per_us"]
+        + attention_work
+    )
     assert got[0] == pytest.approx(want, rel=1e-12)
     assert got[1] == pytest.approx(c["weight_bytes_per_gpu"] / c["hbm_bytes_per_us"] - 1, rel=1e-12)
 
@@ -230,13 +241,23 @@ def test_rounding_mirrors_go():
 # --- export (no Go needed) -----------------------------------------------------------
 def _entry(text, overheads=None):
     return ArchiveEntry(
-        id="e1", expression=text, simplified=text, complexity=5, constants=[], objectives={"step_mape": 0.1},
-        generation=2, primitives=[], overheads=overheads or {}, run_id="run", dataset_fingerprint="fp",
+        id="e1",
+        expression=text,
+        simplified=text,
+        complexity=5,
+        constants=[],
+        objectives={"step_mape": 0.1},
+        generation=2,
+        primitives=[],
+        overheads=overheads or {},
+        run_id="run",
+        dataset_fingerprint="fp",
     )
 
 
 def test_export_writes_files_and_header(tmp_path, llama70):
-    paths = export_go(_entry("1.1*weight_time_us + pdiv(attention_time_us, batch_size)"), llama70, tmp_path, n_golden=20)
+    entry = _entry("1.1*weight_time_us + pdiv(attention_time_us, batch_size)")
+    paths = export_go(entry, llama70, tmp_path, n_golden=20)
     names = sorted(p.name for p in paths)
     assert names == ["go.mod", "step_time.go", "step_time_test.go"]
     src = (tmp_path / "step_time.go").read_text()
@@ -294,8 +315,6 @@ def test_export_bad_entries(tmp_path, llama70):
 
 
 def test_comment_wrapping_avoids_gofmt_list_markers():
-    from translate_go.export import _comment_lines
-
-    lines = _comment_lines("aaaa bbbb 0. cccc - dddd 12) eeee # ffff", width=9)
+    lines = comment_lines("aaaa bbbb 0. cccc - dddd 12) eeee # ffff", width=9)
     assert not any(re.match(r"^([-*+]|\d+[.)]|#)(\s|$)", line) for line in lines)
     assert " ".join(lines) == "aaaa bbbb 0. cccc - dddd 12) eeee # ffff"

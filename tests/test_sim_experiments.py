@@ -1,4 +1,5 @@
 """Experiment-directory loaders: the real runs (when shared data is present) and malformed input."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,6 @@ import pytest
 from primitives.data.experiments import find_experiments, load_experiment
 from primitives.data.roots import shared_data_root
 from primitives.errors import InputError
-
 
 
 def _experiments_dir() -> Path:
@@ -67,8 +67,15 @@ max_num_batched_tokens: 2048
 max_num_seqs: 128
 """
 PROFILE = {
-    "data": {"shared_prefix": {"num_unique_system_prompts": 3, "num_users_per_system_prompt": 2,
-                               "system_prompt_len": 100, "question_len": 400, "output_len": 200}},
+    "data": {
+        "shared_prefix": {
+            "num_unique_system_prompts": 3,
+            "num_users_per_system_prompt": 2,
+            "system_prompt_len": 100,
+            "question_len": 400,
+            "output_len": 200,
+        }
+    },
     "load": {"stages": [{"rate": 2, "duration": 10}], "type": "constant"},
 }
 RESULTS_CONFIG = """data:
@@ -89,8 +96,12 @@ load:
 
 
 def _summary(successes=60, failures=0, e2e=2.0):
-    lat = {"request_latency": {"mean": e2e}, "time_to_first_token": {"mean": 0.03},
-           "inter_token_latency": {"mean": 0.004}, "time_per_output_token": {"mean": 0.004}}
+    lat = {
+        "request_latency": {"mean": e2e},
+        "time_to_first_token": {"mean": 0.03},
+        "inter_token_latency": {"mean": 0.004},
+        "time_per_output_token": {"mean": 0.004},
+    }
     return {"successes": {"count": successes, "latency": lat}, "failures": {"count": failures}}
 
 

@@ -1,11 +1,11 @@
 """The load generator: arrivals, prompt shapes, and the client's measurement arithmetic."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from primitives.data.experiments import ExperimentSpec
 from fitness.sim.loadgen import (
     PROMPT_INFLATION,
     PROMPT_SPREAD,
@@ -17,11 +17,21 @@ from fitness.sim.loadgen import (
     stage_offsets_s,
     token_events_us,
 )
+from primitives.data.experiments import ExperimentSpec
 
 
 def _spec(**kw) -> ExperimentSpec:
-    base = dict(name="t-general", model="meta-llama/Llama-2-7b-hf", tp=1, stages=((8.0, 600.0), (20.0, 600.0)),
-                num_groups=10, num_prompts_per_group=10, system_prompt_len=100, question_len=447, output_len=248)
+    base = dict(
+        name="t-general",
+        model="meta-llama/Llama-2-7b-hf",
+        tp=1,
+        stages=((8.0, 600.0), (20.0, 600.0)),
+        num_groups=10,
+        num_prompts_per_group=10,
+        system_prompt_len=100,
+        question_len=447,
+        output_len=248,
+    )
     base.update(kw)
     return ExperimentSpec(**base)
 
@@ -51,7 +61,7 @@ def test_arrival_gaps_are_exponential():
 def test_load_plan_is_seeded_and_round_robin():
     spec = _spec()
     a, b, c = build_load(spec, 3), build_load(spec, 3), build_load(spec, 4)
-    assert all(np.array_equal(x, y) for x, y in zip(a.stage_offsets_s, b.stage_offsets_s))
+    assert all(np.array_equal(x, y) for x, y in zip(a.stage_offsets_s, b.stage_offsets_s, strict=True))
     assert np.array_equal(a.shapes.user_prompt_len, b.shapes.user_prompt_len)
     assert not np.array_equal(a.stage_offsets_s[0], c.stage_offsets_s[0])
     assert a.num_requests == 4800 + 12000
@@ -95,7 +105,7 @@ def test_closed_form_matches_event_stream():
     assert np.allclose(ct.e2e_us, ref["e2e_us"]) and np.allclose(ct.ttft_us, ref["ttft_us"])
     assert np.allclose(ct.tpot_us, ref["tpot_us"])
     assert ct.span_us.sum() / ct.gaps.sum() == pytest.approx(ref["itl_mean_us"])
-    assert all(len(s) == 2 * n for s, n in zip(streams, ns))
+    assert all(len(s) == 2 * n for s, n in zip(streams, ns, strict=True))
 
 
 def test_itl_is_half_the_token_period():
@@ -111,8 +121,9 @@ def test_itl_is_half_the_token_period():
 
 def test_failures_are_excluded_from_means():
     send = np.zeros(4)
-    ct = client_times(send, np.array([1e5, 2e5, 3e5, np.nan]), np.array([1e6, 2e6, 9e6, np.nan]),
-                      np.array([10, 10, 10, 10]), 0.0)
+    ct = client_times(
+        send, np.array([1e5, 2e5, 3e5, np.nan]), np.array([1e6, 2e6, 9e6, np.nan]), np.array([10, 10, 10, 10]), 0.0
+    )
     ok = np.array([True, True, False, False])
     m = lifecycle_metrics(ct, ok)
     assert (m.successes, m.failures) == (2, 2)

@@ -1,34 +1,53 @@
 """Teacher-forced replay: exact on the recorded trajectory, linear in the step times."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from primitives.data.experiments import ExperimentSpec
+from fitness.sim.engine import simulate
+from fitness.sim.latency_model import NonStepTerms
 from fitness.sim.replay import evaluate_weights, metric_weights, replay, replay_times
-from fitness.sim.simulator import Overheads, simulate
+from primitives.data.experiments import ExperimentSpec
 from primitives.deployment import DeploymentResolver
 
 DEP = DeploymentResolver().resolve("meta-llama/Llama-2-7b-hf", 1)
 
 
-class Model(Overheads):
-    """Per-token + per-KV-token step time, with every overhead of ``Overheads``."""
+class Model(NonStepTerms):
+    """Per-token + per-KV-token step time, with every non-step term."""
 
     def step_time_us(self, progress, new_tokens, input_len, output_len):
         return 6_000.0 + 15.0 * float(new_tokens.sum()) + 0.05 * float(progress.sum()) + 30.0 * len(new_tokens)
 
 
 def _spec(**kw) -> ExperimentSpec:
-    base = dict(name="t-general", model="meta-llama/Llama-2-7b-hf", tp=1, stages=((25.0, 5.0), (50.0, 3.0)),
-                num_groups=3, num_prompts_per_group=4, system_prompt_len=60, question_len=200, output_len=40,
-                max_num_batched_tokens=256, max_num_seqs=12, stage_interval_s=0.2)
+    base = dict(
+        name="t-general",
+        model="meta-llama/Llama-2-7b-hf",
+        tp=1,
+        stages=((25.0, 5.0), (50.0, 3.0)),
+        num_groups=3,
+        num_prompts_per_group=4,
+        system_prompt_len=60,
+        question_len=200,
+        output_len=40,
+        max_num_batched_tokens=256,
+        max_num_seqs=12,
+        stage_interval_s=0.2,
+    )
     base.update(kw)
     return ExperimentSpec(**base)
 
 
-MODEL = Model(queueing_base_us=2_000.0, queueing_per_input_token_us=3.0, output_token_processing_us=400.0,
-              scheduling_processing_us=700.0, preemption_processing_us=900.0, event_gap_us=30.0)
+MODEL = Model(
+    queueing_base_us=2_000.0,
+    queueing_per_input_token_us=3.0,
+    output_token_processing_us=400.0,
+    scheduling_processing_us=700.0,
+    preemption_processing_us=900.0,
+    event_gap_us=30.0,
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +72,7 @@ def test_replay_reproduces_closed_loop(runs, which):
     tr = res.trajectory
     rep = replay(tr, tr.step_time_us, MODEL)
     _close(rep.summary, res.metrics.summary)
-    for a, b in zip(rep.stages, res.metrics.stages):
+    for a, b in zip(rep.stages, res.metrics.stages, strict=True):
         _close(a, b)
     t = replay_times(tr, tr.step_time_us, MODEL)
     ok = res.requests.success
@@ -69,7 +88,7 @@ def test_linear_forms_match_replay(runs, which):
     rng = np.random.default_rng(0)
     for _ in range(3):
         step = tr.step_time_us * rng.uniform(0.5, 1.5, size=tr.n_steps)
-        over = Overheads(*(rng.uniform(0, 3_000) for _ in range(5)), event_gap_us=rng.uniform(0, 50))
+        over = NonStepTerms(*(rng.uniform(0, 3_000) for _ in range(5)), event_gap_us=rng.uniform(0, 50))
         rep = replay(tr, step, over)
         val = evaluate_weights(forms, step, over)
         assert val["e2e"] == pytest.approx(rep.summary.e2e_mean_s * 1e6, rel=1e-9)
@@ -120,13 +139,21 @@ def test_replay_without_batch_rows(runs):
 
 
 def _rows(probes):
-    from fitness.scoring import ReplayRows
+    from fitness.replay_rows import ReplayRows
 
     x = np.array([1.0, 2.0, 3.0, 4.0])
     w = np.array([[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])  # the first and the last step time
-    return ReplayRows(names=["e"], models=["m"], columns=[{"x": x}], weights=[w], overhead=[np.zeros((2, 2))],
-                      fixed_us=[np.zeros(2)], observed_us=[w @ (10.0 * x)], labels=[[("e2e", "all"), ("itl", "all")]],
-                      probes=probes)
+    return ReplayRows(
+        names=["e"],
+        models=["m"],
+        columns=[{"x": x}],
+        weights=[w],
+        overhead=[np.zeros((2, 2))],
+        fixed_us=[np.zeros(2)],
+        observed_us=[w @ (10.0 * x)],
+        labels=[[("e2e", "all"), ("itl", "all")]],
+        probes=probes,
+    )
 
 
 def test_a_fit_that_goes_negative_on_a_probe_step_is_rejected():
@@ -142,7 +169,7 @@ def test_a_fit_that_goes_negative_on_a_probe_step_is_rejected():
 
 
 def test_probe_steps_cover_pure_prefill_and_the_extremes():
-    from fitness.replay_context import PROBE_SAMPLE, probe_steps
+    from fitness.replay_rows import PROBE_SAMPLE, probe_steps
 
     n = 10_000
     decode = np.ones(n)
@@ -156,11 +183,17 @@ def test_probe_steps_cover_pure_prefill_and_the_extremes():
 
 def test_a_replay_fit_stores_every_non_step_term():
     """QueueingTime is fitted; the other non-step terms are stored too, at 0 (not fittable here)."""
-    from fitness.sim.models import DEFAULT_OVERHEADS
     from fitness.scoring import FitnessContext, fit_terms
+    from fitness.sim.latency_model import NON_STEP_NAMES
 
     got = fit_terms([lambda cols, n: cols["x"]], FitnessContext(None, _rows(None))).overheads
-    assert set(got) == set(DEFAULT_OVERHEADS)
-    assert {"queueing_base_us", "output_token_processing_us", "scheduling_processing_us",
-            "preemption_processing_us"} <= set(got)
-    assert got["output_token_processing_us"] == got["scheduling_processing_us"] == got["preemption_processing_us"] == 0.0
+    assert set(got) == set(NON_STEP_NAMES)
+    assert {
+        "queueing_base_us",
+        "output_token_processing_us",
+        "scheduling_processing_us",
+        "preemption_processing_us",
+    } <= set(got)
+    assert (
+        got["output_token_processing_us"] == got["scheduling_processing_us"] == got["preemption_processing_us"] == 0.0
+    )

@@ -1,40 +1,56 @@
 """The simulated vLLM V1 scheduler: budget, slots, FCFS, prefix caching, preemption, timeouts, timing."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from primitives.data.experiments import ExperimentSpec
+from fitness.sim.engine import simulate
+from fitness.sim.latency_model import NON_STEP_NAMES, NonStepTerms
 from fitness.sim.loadgen import LoadPlan, PromptShapes, build_load
-from fitness.sim.simulator import ABORTED, FINISHED, PhysicsLatencyModel, simulate
+from fitness.sim.models import ExpressionLatencyModel, PhysicsLatencyModel, make_model
+from fitness.sim.recording import ABORTED, FINISHED
 from primitives.compute import features_from_requests
+from primitives.data.experiments import ExperimentSpec
 from primitives.deployment import DeploymentResolver
 
 DEP = DeploymentResolver().resolve("meta-llama/Llama-2-7b-hf", 1)
 
 
-class ConstModel:
+class ConstModel(NonStepTerms):
     """step = base + per_token * tokens; constant queueing; explicit overheads."""
 
-    def __init__(self, step_us=10_000.0, per_token_us=0.0, q_us=1_000.0, otp_us=0.0, sched_us=0.0, pre_us=0.0,
-                 gap_us=25.0):
-        self.step_us, self.per_token_us, self.q_us = step_us, per_token_us, q_us
-        self.output_token_processing_us = otp_us
-        self.scheduling_processing_us = sched_us
-        self.preemption_processing_us = pre_us
-        self.event_gap_us = gap_us
+    def __init__(
+        self, step_us=10_000.0, per_token_us=0.0, q_us=1_000.0, otp_us=0.0, sched_us=0.0, pre_us=0.0, gap_us=25.0
+    ):
+        super().__init__(
+            queueing_base_us=q_us,
+            output_token_processing_us=otp_us,
+            scheduling_processing_us=sched_us,
+            preemption_processing_us=pre_us,
+            event_gap_us=gap_us,
+        )
+        self.step_us, self.per_token_us = step_us, per_token_us
 
     def step_time_us(self, progress, new_tokens, input_len, output_len):
         return self.step_us + self.per_token_us * float(new_tokens.sum())
 
-    def queueing_time_us(self, input_len):
-        return np.full(len(input_len), self.q_us)
-
 
 def spec_(**kw) -> ExperimentSpec:
-    base = dict(name="t-general", model="meta-llama/Llama-2-7b-hf", tp=1, stages=((4.0, 10.0),),
-                num_groups=2, num_prompts_per_group=3, system_prompt_len=40, question_len=60, output_len=20,
-                max_num_batched_tokens=256, max_num_seqs=8, stage_interval_s=0.5)
+    base = dict(
+        name="t-general",
+        model="meta-llama/Llama-2-7b-hf",
+        tp=1,
+        stages=((4.0, 10.0),),
+        num_groups=2,
+        num_prompts_per_group=3,
+        system_prompt_len=40,
+        question_len=60,
+        output_len=20,
+        max_num_batched_tokens=256,
+        max_num_seqs=8,
+        stage_interval_s=0.5,
+    )
     base.update(kw)
     return ExperimentSpec(**base)
 
@@ -44,8 +60,11 @@ def plan_(prompt_len, system_len, user_group, sends_s, requests_user, output_len
     sends = np.asarray(sends_s, dtype=float)
     n = len(sends)
     return LoadPlan(
-        shapes=PromptShapes(group_system_len=np.asarray(system_len), user_group=np.asarray(user_group),
-                            user_prompt_len=np.asarray(prompt_len)),
+        shapes=PromptShapes(
+            group_system_len=np.asarray(system_len),
+            user_group=np.asarray(user_group),
+            user_prompt_len=np.asarray(prompt_len),
+        ),
         output_len=output_len,
         request_user=np.asarray(requests_user, dtype=np.int64),
         request_stage=np.zeros(n, dtype=np.int64),
@@ -120,8 +139,9 @@ def test_features_in_bulk(busy):
     tr = res.trajectory
     feats = tr.features()
     for k in (0, 5, tr.n_steps // 2, tr.n_steps - 1):
-        one = features_from_requests(np.zeros(tr.step_offsets[k + 1] - tr.step_offsets[k], dtype=np.int64),
-                                     *tr.batch(k), 1)
+        one = features_from_requests(
+            np.zeros(tr.step_offsets[k + 1] - tr.step_offsets[k], dtype=np.int64), *tr.batch(k), 1
+        )
         for name, col in feats.items():
             assert col[k] == pytest.approx(one[name][0])
     assert feats["prefill_tokens"].sum() + feats["decode_tokens"].sum() == tr.batch_new_tokens.sum()
@@ -290,8 +310,9 @@ def test_finished_request_holds_its_slot_one_more_schedule():
     # request starts right after, and step l's tokens are not delayed by step l+1.
     c, q, N = 10_000.0, 1_000.0, 5
     plan = plan_([100, 100], [0, 0], [0, 1], [0.0, 0.0], [0, 1], output_len=N)
-    res = simulate(spec_(max_num_seqs=1), DEP, ConstModel(step_us=c, q_us=q, gap_us=0.0), load=plan,
-                   kv_capacity_blocks=100)
+    res = simulate(
+        spec_(max_num_seqs=1), DEP, ConstModel(step_us=c, q_us=q, gap_us=0.0), load=plan, kv_capacity_blocks=100
+    )
     tr, rq = res.trajectory, res.requests
     assert tr.last_step[0] == N - 1 and tr.admit_step[1] == N
     assert tr.next_contiguous[N - 1] and not tr.output_delayed[N - 1]
@@ -299,8 +320,9 @@ def test_finished_request_holds_its_slot_one_more_schedule():
     assert rq.ttft_us[1] == pytest.approx(q + N * c + 2 * c)
     assert rq.e2e_us[1] == pytest.approx(q + 2 * N * c)
     # with two slots, the second request runs alongside
-    res2 = simulate(spec_(max_num_seqs=2), DEP, ConstModel(step_us=c, q_us=q, gap_us=0.0), load=plan,
-                    kv_capacity_blocks=100)
+    res2 = simulate(
+        spec_(max_num_seqs=2), DEP, ConstModel(step_us=c, q_us=q, gap_us=0.0), load=plan, kv_capacity_blocks=100
+    )
     assert res2.trajectory.admit_step.tolist() == [0, 0]
 
 
@@ -316,8 +338,16 @@ def test_enqueued_mid_step_waits_for_the_next():
 
 
 def test_physics_model_runs_a_real_shape_quickly():
-    spec = spec_(stages=((8.0, 20.0),), num_groups=10, num_prompts_per_group=10, system_prompt_len=100,
-                 question_len=447, output_len=248, max_num_batched_tokens=2048, max_num_seqs=128)
+    spec = spec_(
+        stages=((8.0, 20.0),),
+        num_groups=10,
+        num_prompts_per_group=10,
+        system_prompt_len=100,
+        question_len=447,
+        output_len=248,
+        max_num_batched_tokens=2048,
+        max_num_seqs=128,
+    )
     dep = DeploymentResolver().resolve("meta-llama/Llama-2-70b-hf", 4)
     model = PhysicsLatencyModel(deployment=dep, per_layer_us=15.0, allreduce_latency_us=18.0, queueing_base_us=9_000)
     res = simulate(spec, dep, model, seed=0, record=False)
@@ -331,3 +361,18 @@ def test_physics_model_runs_a_real_shape_quickly():
     second_round = np.arange(res.requests.n) >= load.shapes.num_users
     L = res.requests.input_len[second_round]
     assert np.all(res.requests.prefix_hit_tokens[second_round] == (L - 1) // 16 * 16)
+
+
+def test_model_registry_builds_every_model_with_every_attribute():
+    expr = make_model("expression", DEP, expr="1000 + 10*batch_size", overheads={"queueing_base_us": 5.0})
+    phys = make_model("physics", DEP, per_layer_us=15.0)
+    anchored = make_model("anchored", DEP, model=expr, scale=2.0)
+    assert isinstance(expr, ExpressionLatencyModel) and isinstance(phys, PhysicsLatencyModel)
+    assert phys.per_layer_us == 15.0
+    batch = (np.array([10]), np.array([1]), np.array([10]), np.array([0]))
+    assert anchored.step_time_us(*batch) == 2.0 * expr.step_time_us(*batch)
+    for model in (expr, phys, anchored):  # the simulator looks up no defaults
+        assert all(isinstance(getattr(model, n), float) for n in (*NON_STEP_NAMES, "event_gap_us"))
+    assert anchored.queueing_base_us == 5.0 and phys.queueing_base_us == 0.0
+    with pytest.raises(ValueError, match="expression, physics, anchored"):
+        make_model("roofline", DEP)

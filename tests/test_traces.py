@@ -1,13 +1,14 @@
 """The step-trace loader: real shared traces and malformed input."""
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from fitness.dataset import build_step_table
+from primitives.data.traces import load_trace
 from primitives.deployment import default_resolver
 from primitives.errors import InputError
 from primitives.registry import AGGREGATE_FEATURES
-from primitives.data.traces import load_trace
 
 
 def test_real_traces_give_the_documented_cycle_time_pairs(shared_data):

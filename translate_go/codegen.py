@@ -6,6 +6,7 @@ reduction and primitive formula is printed from ``primitives.registry`` with the
 ``GoCodePrinter``, so the Go code can not drift from the Python evaluator
 (``primitives.compute`` lambdifies the very same sympy expressions).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 import sympy as sp
 
 from primitives.deployment import Deployment
+from primitives.language import OPERATORS
 from primitives.registry import (
     CONSTANT_UNITS,
     FEATURE_BY_NAME,
@@ -23,9 +25,16 @@ from primitives.registry import (
     REQUEST_FIELDS,
     REQUEST_GO_FIELDS,
 )
-
-from .goformat import format_go_expr
-from .printer import RESERVED, GoCodePrinter, GoPrintError, NameAllocator, go_camel, go_float_literal, lower_statements
+from translate_go.goformat import format_go_expr
+from translate_go.printer import (
+    RESERVED,
+    GoCodePrinter,
+    GoPrintError,
+    NameAllocator,
+    go_camel,
+    go_float_literal,
+    lower_statements,
+)
 
 # --- Go names of registry things (stable: derived from the registry alone) ------------
 PRIMITIVE_GO_NAMES: dict[str, str] = {}
@@ -48,15 +57,6 @@ FEATURE_GO_FIELDS = {f.name: go_camel(f.name) for f in FEATURES}
 REQUEST_GO_LOCALS = {s.name: go_camel(s.name) for s in REQUEST_FIELDS}
 PHASE_GO_LOCALS = {ph: "in" + go_camel(ph)[:1].upper() + go_camel(ph)[1:] for ph in PHASES}
 
-PDIV_GO = """// pdiv is protected division, as in evolve/expression.py: x/y where |y| > 1e-9, else 0.
-func pdiv(x, y float64) float64 {
-	if math.Abs(y) > 1e-9 {
-		return x / y
-	}
-	return 0
-}
-"""
-
 
 @dataclass
 class GoSnippet:
@@ -75,13 +75,13 @@ def _format_line(line: str) -> str:
     tabs = "\t" * indent
     for head, tail in (("} else if ", " {"), ("if ", " {")):
         if body.startswith(head) and body.endswith(tail):
-            return f"{tabs}{head}{format_go_expr(body[len(head):-len(tail)])}{tail}"
+            return f"{tabs}{head}{format_go_expr(body[len(head) : -len(tail)])}{tail}"
     for op in (" := ", " += ", " = "):
         if op in body and not body.startswith("var "):
             lhs, rhs = body.split(op, 1)
             return f"{tabs}{lhs}{op}{format_go_expr(rhs)}"
     if body.startswith("return "):
-        return f"{tabs}return {format_go_expr(body[len('return '):])}"
+        return f"{tabs}return {format_go_expr(body[len('return ') :])}"
     return line
 
 
@@ -90,9 +90,7 @@ def expression_primitives(expr: sp.Expr) -> list[str]:
     names = {s.name for s in sp.sympify(expr).free_symbols}
     unknown = sorted(names - set(PRIMITIVE_BY_NAME))
     if unknown:
-        raise GoPrintError(
-            f"expression uses {unknown}, which are not primitives; known: {sorted(PRIMITIVE_BY_NAME)}"
-        )
+        raise GoPrintError(f"expression uses {unknown}, which are not primitives; known: {sorted(PRIMITIVE_BY_NAME)}")
     return [p.name for p in PRIMITIVES if p.name in names]
 
 
@@ -209,9 +207,7 @@ def step_function_source(func_name: str, expr: sp.Expr, doc: list[str] | None = 
     if feats:
         body.append("f := reduceBatch(batch)")
     # Primitives, printed from the registry with features as f.<field> and constants by name.
-    reg_printer = GoCodePrinter(
-        names={**{k: f"f.{v}" for k, v in FEATURE_GO_FIELDS.items()}, **CONSTANT_GO_NAMES}
-    )
+    reg_printer = GoCodePrinter(names={**{k: f"f.{v}" for k, v in FEATURE_GO_FIELDS.items()}, **CONSTANT_GO_NAMES})
     for p in prims:
         prim = PRIMITIVE_BY_NAME[p]
         body.append(f"// {p} [{prim.unit}]: {prim.doc}")
@@ -250,14 +246,15 @@ def program_sources(
 
     Returns (declarations, functions); ``functions.uses_math`` covers both.
     """
-    funcs = [step_function_source(n, e, (docs or [None] * len(exprs))[i]) for i, (n, e) in enumerate(zip(func_names, exprs))]
+    docs = docs or [None] * len(exprs)
+    funcs = [step_function_source(n, e, docs[i]) for i, (n, e) in enumerate(zip(func_names, exprs, strict=False))]
     prims = sorted({p for f in funcs for p in f.extra["primitives"]}, key=[p.name for p in PRIMITIVES].index)
     feats = required_features(prims)
     consts = required_constants(prims)
     feat_src = features_source(feats)
     const_src = constants_source(deployment, consts)
     uses_pdiv = any(f.uses_pdiv for f in funcs)
-    parts = [s for s in (const_src.text, feat_src.text, PDIV_GO if uses_pdiv else "") if s]
+    parts = [s for s in (const_src.text, feat_src.text, OPERATORS["pdiv"].go_helper if uses_pdiv else "") if s]
     functions = GoSnippet(
         "\n".join(f.text for f in funcs),
         uses_math=any(f.uses_math for f in funcs) or feat_src.uses_math or uses_pdiv,

@@ -9,6 +9,7 @@ parentheses) and re-prints it with the rules of ``go/printer`` (nodes.go:
 ``binaryExpr``, ``cutoff``, ``walkBinary``, ``diffPrec``, ``reduceDepth``).
 Tests compare its output with real gofmt.
 """
+
 from __future__ import annotations
 
 import re

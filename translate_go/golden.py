@@ -8,6 +8,7 @@ A batch is an ``int64`` array of shape (n_requests, 4) whose columns are the BLI
 ``Request`` fields in ``primitives.registry.REQUEST_FIELDS`` order: ProgressIndex,
 NumNewTokens, len(InputTokens), len(OutputTokens).
 """
+
 from __future__ import annotations
 
 import math
@@ -17,11 +18,10 @@ from typing import Sequence
 import numpy as np
 import sympy as sp
 
-from primitives.language import evaluate_expr
 from primitives.compute import features_from_requests, primitive_columns
 from primitives.deployment import Deployment
-
-from .codegen import expression_primitives, required_features
+from primitives.language import evaluate_expr
+from translate_go.codegen import expression_primitives, required_features
 
 MAX_MODEL_LEN = 4096  # vLLM max_model_len of every experiment in the data
 MAX_PREFILL_CHUNK = 2048  # max_num_batched_tokens: no prefill chunk is longer
@@ -29,7 +29,7 @@ MAX_BATCH = 128  # max_num_seqs
 INT64_MAX = 2**63 - 1
 
 
-# --- the seeded batch generator (mirrored in Go by GOLDEN_GENERATOR_GO) ------------
+# --- the seeded batch generator (mirrored in Go: goldenBatch in step_time_test.go.tmpl)
 # A counter-based SplitMix64: draw k of a seed is mix(seed + (k+1)*GAMMA). Integer-only,
 # so Python (vectorised with numpy uint64) and Go produce the very same batches and the
 # generated test embeds only the seed, the shape limits and per-batch checksums.

@@ -14,6 +14,7 @@ predeclared names. The printer therefore
   an ``if``/``else`` that assigns a temporary, after ``sympy.cse`` has named the common
   subexpressions (``cse0``, ``cse1``, ...).
 """
+
 from __future__ import annotations
 
 import math
@@ -23,6 +24,8 @@ from dataclasses import dataclass, field
 import sympy as sp
 from sympy.printing.c import C99CodePrinter
 from sympy.printing.precedence import PRECEDENCE, precedence
+
+from primitives.language import OPERATORS
 
 GO_KEYWORDS = frozenset(
     "break case chan const continue default defer else fallthrough for func go goto if import "
@@ -185,19 +188,28 @@ class GoCodePrinter(C99CodePrinter):
         self.uses_math = True
         return f"math.Pow({self._print(base)}, {self._print(exp)})"
 
-    def _nested(self, fn: str, args) -> str:
-        self.uses_math = True
+    def _operator(self, name: str, *go_args: str) -> str:
+        """Operator NAME of the candidate language in its Go form (primitives.language)."""
+        op = OPERATORS[name]
+        if "math." in op.go:
+            self.uses_math = True
+        if op.go_helper:
+            self.uses_pdiv = True  # pdiv is the only operator with a helper function
+        return op.go.format(*go_args)
+
+    def _nested(self, name: str, args) -> str:
+        """A binary operator over sympy's n-ary Max/Min: op(a, op(b, c))."""
         printed = [self._print(a) for a in args]
         out = printed[-1]
         for a in reversed(printed[:-1]):
-            out = f"{fn}({a}, {out})"
+            out = self._operator(name, a, out)
         return out
 
     def _print_Max(self, expr):
-        return self._nested("math.Max", expr.args)
+        return self._nested("max", expr.args)
 
     def _print_Min(self, expr):
-        return self._nested("math.Min", expr.args)
+        return self._nested("min", expr.args)
 
     def _unary_math(self, fn: str, expr) -> str:
         self.uses_math = True
@@ -223,17 +235,13 @@ class GoCodePrinter(C99CodePrinter):
 
     # The GP operators (primitives.language); psqrt/plog only if kept as opaque functions.
     def _print_pdiv(self, expr):
-        self.uses_pdiv = True
-        a, b = expr.args
-        return f"pdiv({self._print(a)}, {self._print(b)})"
+        return self._operator("pdiv", *(self._print(a) for a in expr.args))
 
     def _print_psqrt(self, expr):
-        self.uses_math = True
-        return f"math.Sqrt(math.Abs({self._print(expr.args[0])}))"
+        return self._operator("psqrt", self._print(expr.args[0]))
 
     def _print_plog(self, expr):
-        self.uses_math = True
-        return f"math.Log(1.0 + math.Abs({self._print(expr.args[0])}))"
+        return self._operator("plog", self._print(expr.args[0]))
 
     def _print_Relational(self, expr):
         ops = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}

@@ -8,6 +8,7 @@ Every run is hermetic: GOPROXY=off, GOTOOLCHAIN=local, GOFLAGS=-mod=mod, GOENV=o
 GOTELEMETRY=off, and GOPATH/GOCACHE in a temporary directory, so nothing is ever
 downloaded and the user's Go configuration is not touched.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -141,23 +142,10 @@ def run_gofmt_list(paths: list[Path], go: Path | None = None) -> list[str]:
     gofmt = find_gofmt(go)
     if gofmt is None:
         raise GoError("gofmt not found next to go")
-    proc = subprocess.run(
-        [str(gofmt), "-l", *map(str, paths)], env=go_env(go), capture_output=True, timeout=120
-    )
+    proc = subprocess.run([str(gofmt), "-l", *map(str, paths)], env=go_env(go), capture_output=True, timeout=120)
     if proc.returncode != 0:
         raise GoError(f"gofmt failed:\n{proc.stderr.decode(errors='replace')}")
     return [line for line in proc.stdout.decode().splitlines() if line.strip()]
-
-
-def gofmt_source(source: str, go: Path | None = None) -> str:
-    """Format Go source with gofmt (raises GoError on syntax errors)."""
-    gofmt = find_gofmt(go)
-    if gofmt is None:
-        raise GoError("gofmt not found next to go")
-    proc = subprocess.run([str(gofmt)], input=source.encode(), env=go_env(go), capture_output=True, timeout=120)
-    if proc.returncode != 0:
-        raise GoError(f"gofmt rejected the generated source:\n{proc.stderr.decode(errors='replace')}")
-    return proc.stdout.decode()
 
 
 __all__ = [
@@ -166,7 +154,6 @@ __all__ = [
     "find_go",
     "find_gofmt",
     "go_env",
-    "gofmt_source",
     "run_go",
     "run_gofmt_list",
 ]

@@ -8,14 +8,23 @@ Contract (all times in µs, the units of BLIS's ``sim.LatencyModel``):
   1 µs, also for an empty batch, and never NaN (BLIS's ``StepTime`` contract).
 * the six **non-step terms** below, defined once here with the BLIS (or seed-interface)
   method each becomes: the archive stores them by ``name``, the simulator and replay read
-  them as attributes, and ``translate_go`` prints them under ``go_name``.
+  them as attributes, and ``translate_go`` prints them under ``go_name``;
+* ``queueing_time_us(input_len)``: QueueingTime of each request, from the two queueing terms;
+* ``event_gap_us``: not a latency term but the client's measurement, the gap between the two
+  streamed events of a token (the simulator measures with the model's, so a test can set it).
+
+Every model has every attribute (no defaults are looked up): inheriting :class:`NonStepTerms`
+gives them all, at 0 µs (BLIS's default) and ``DEFAULT_EVENT_GAP_US``.
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, make_dataclass
 from typing import Protocol
 
 import numpy as np
+
+from fitness.sim.loadgen import DEFAULT_EVENT_GAP_US
 
 MIN_STEP_TIME_US = 1.0  # BLIS's StepTime returns at least 1 µs
 
@@ -31,23 +40,44 @@ class NonStepTerm:
 
 
 NON_STEP_TERMS: tuple[NonStepTerm, ...] = (
-    NonStepTerm("queueing_base_us", "QueueingTime", "queueingBaseUs",
-                "QueueingTime: arrival -> enqueued, fixed part"),
-    NonStepTerm("queueing_per_input_token_us", "QueueingTime", "queueingPerInputTokenUs",
-                "QueueingTime: per prompt token (tokenisation)"),
-    NonStepTerm("output_token_processing_us", "OutputTokenProcessingTime", "outputTokenProcessingUs",
-                "OutputTokenProcessingTime: token emitted -> client event"),
-    NonStepTerm("scheduling_processing_us", "SchedulingProcessingTime", "schedulingProcessingUs",
-                "SchedulingProcessingTime: added to every step"),
-    NonStepTerm("preemption_processing_us", "PreemptionProcessingTime", "preemptionProcessingUs",
-                "PreemptionProcessingTime: per preemption"),
-    NonStepTerm("post_decode_fixed_us", "PostDecodeFixedOverhead", "postDecodeFixedUs",
-                "PostDecodeFixedOverhead: after a request's last token"),
+    NonStepTerm("queueing_base_us", "QueueingTime", "queueingBaseUs", "QueueingTime: arrival -> enqueued, fixed part"),
+    NonStepTerm(
+        "queueing_per_input_token_us",
+        "QueueingTime",
+        "queueingPerInputTokenUs",
+        "QueueingTime: per prompt token (tokenisation)",
+    ),
+    NonStepTerm(
+        "output_token_processing_us",
+        "OutputTokenProcessingTime",
+        "outputTokenProcessingUs",
+        "OutputTokenProcessingTime: token emitted -> client event",
+    ),
+    NonStepTerm(
+        "scheduling_processing_us",
+        "SchedulingProcessingTime",
+        "schedulingProcessingUs",
+        "SchedulingProcessingTime: added to every step",
+    ),
+    NonStepTerm(
+        "preemption_processing_us",
+        "PreemptionProcessingTime",
+        "preemptionProcessingUs",
+        "PreemptionProcessingTime: per preemption",
+    ),
+    NonStepTerm(
+        "post_decode_fixed_us",
+        "PostDecodeFixedOverhead",
+        "postDecodeFixedUs",
+        "PostDecodeFixedOverhead: after a request's last token",
+    ),
 )
 NON_STEP_NAMES: tuple[str, ...] = tuple(t.name for t in NON_STEP_TERMS)
 NON_STEP_BY_NAME: dict[str, NonStepTerm] = {t.name: t for t in NON_STEP_TERMS}
 # the terms a replay fit solves for (the others cannot be told apart in client metrics)
 FITTED_NON_STEP_NAMES: tuple[str, ...] = ("queueing_base_us", "queueing_per_input_token_us")
+# the terms the simulated server applies (PostDecodeFixedOverhead is BLIS's alone)
+SIMULATED_NON_STEP_NAMES: tuple[str, ...] = tuple(n for n in NON_STEP_NAMES if n != "post_decode_fixed_us")
 
 
 def full_non_step_terms(given: dict[str, float] | None) -> dict[str, float]:
@@ -62,6 +92,24 @@ def queueing_time_us(base_us: float, per_input_token_us: float, input_len) -> np
     return base_us + per_input_token_us * np.asarray(input_len, dtype=np.float64)
 
 
+def _queueing_time_us(self, input_len) -> np.ndarray:
+    return queueing_time_us(self.queueing_base_us, self.queueing_per_input_token_us, input_len)
+
+
+# The base of the latency models: a dataclass with one float field per non-step term (from
+# the table above), the client's event gap, and queueing_time_us.
+NonStepTerms = make_dataclass(
+    "NonStepTerms",
+    [(t.name, float, 0.0) for t in NON_STEP_TERMS] + [("event_gap_us", float, DEFAULT_EVENT_GAP_US)],
+    namespace={
+        "queueing_time_us": _queueing_time_us,
+        "__module__": __name__,
+        "__doc__": "The non-step terms of a latency model (µs, 0 unless given) and the client's event gap.",
+    },
+    eq=False,  # a model that is not itself a dataclass compares by identity
+)
+
+
 class LatencyModel(Protocol):
     """What the simulator asks of a step-time model (all times in µs)."""
 
@@ -71,8 +119,12 @@ class LatencyModel(Protocol):
     scheduling_processing_us: float  # added to every step's cycle
     preemption_processing_us: float  # added to a step's cycle per preemption
     post_decode_fixed_us: float  # BLIS only: after a request's last token
+    event_gap_us: float  # client measurement: between the two events of a token
 
-    def step_time_us(self, progress: np.ndarray, new_tokens: np.ndarray, input_len: np.ndarray,
-                     output_len: np.ndarray) -> float: ...
+    def step_time_us(
+        self, progress: np.ndarray, new_tokens: np.ndarray, input_len: np.ndarray, output_len: np.ndarray
+    ) -> float:
+        """At least MIN_STEP_TIME_US, also for an empty batch; never NaN."""
+        ...
 
     def queueing_time_us(self, input_len: np.ndarray) -> np.ndarray: ...

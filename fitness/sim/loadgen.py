@@ -1,6 +1,6 @@
 """The inference-perf load generator (shared-prefix data, constant-rate stages) and its client.
 
-What the real runs did (``/work/shared/NOTES.md`` §2-3):
+What the real runs did (``../shared/NOTES.md`` §2-3):
 
 * **Arrivals.** Per stage ``int(rate * duration)`` requests; exponential gaps rescaled so
   that the last request is sent exactly ``duration`` after the stage starts (the first one
@@ -23,6 +23,7 @@ What the real runs did (``/work/shared/NOTES.md`` §2-3):
   (last - first event) / (events after the first). So ITL and TPOT are about half the
   per-token time.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -101,8 +102,9 @@ def prompt_shapes(spec: ExperimentSpec, rng: np.random.Generator) -> PromptShape
     return PromptShapes(group_system_len=system, user_group=user_group, user_prompt_len=total)
 
 
-def stage_offsets_s(rate: float, duration_s: float, rng: np.random.Generator,
-                    process: str = "exponential") -> np.ndarray:
+def stage_offsets_s(
+    rate: float, duration_s: float, rng: np.random.Generator, process: str = "exponential"
+) -> np.ndarray:
     """Send times of one stage after its start (s): ``int(rate*duration)`` of them.
 
     ``exponential``: exponential gaps rescaled so the cumulative sum ends exactly at
@@ -126,7 +128,9 @@ def build_load(spec: ExperimentSpec, seed: int = 0, process: str = "exponential"
     prompt_seq, arrival_seq = seq.spawn(2)
     shapes = prompt_shapes(spec, np.random.default_rng(prompt_seq))
     stage_rngs = [np.random.default_rng(s) for s in arrival_seq.spawn(len(spec.stages))]
-    offsets = tuple(stage_offsets_s(rate, dur, rng, process) for (rate, dur), rng in zip(spec.stages, stage_rngs))
+    offsets = tuple(
+        stage_offsets_s(rate, dur, rng, process) for (rate, dur), rng in zip(spec.stages, stage_rngs, strict=True)
+    )
     counts = np.array([len(o) for o in offsets], dtype=np.int64)
     first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     total = int(first[-1])
@@ -159,7 +163,7 @@ def metrics_from_event_streams(send_us: np.ndarray, streams: list[np.ndarray]) -
     Returns per-request ``e2e_us``, ``ttft_us``, ``tpot_us`` and the pooled ``itl_mean_us``.
     """
     e2e, ttft, tpot, gaps = [], [], [], []
-    for s, ev in zip(send_us, streams):
+    for s, ev in zip(send_us, streams, strict=True):
         ev = np.asarray(ev, dtype=np.float64)
         e2e.append(ev[-1] - s)
         ttft.append(ev[0] - s)
@@ -185,8 +189,13 @@ class ClientTimes:
     tpot_us: np.ndarray
 
 
-def client_times(send_us: np.ndarray, first_token_us: np.ndarray, last_token_us: np.ndarray,
-                 n_tokens: np.ndarray, event_gap_us: float = DEFAULT_EVENT_GAP_US) -> ClientTimes:
+def client_times(
+    send_us: np.ndarray,
+    first_token_us: np.ndarray,
+    last_token_us: np.ndarray,
+    n_tokens: np.ndarray,
+    event_gap_us: float = DEFAULT_EVENT_GAP_US,
+) -> ClientTimes:
     """Closed form of :func:`metrics_from_event_streams` for two events per token.
 
     Only the first and the last token times matter: the events of token m are at
@@ -212,34 +221,26 @@ def lifecycle_metrics(times: ClientTimes, success: np.ndarray, mask: np.ndarray 
     """Means (s) over the successful requests in MASK, as the results files report them."""
     success = np.asarray(success, dtype=bool)
     sel = success if mask is None else success & mask
-    n_ok = int(sel.sum())
     n_fail = int(((~success) if mask is None else (~success & mask)).sum())
+    return lifecycle_means(times, sel, n_fail)
+
+
+def lifecycle_means(times, sel, failures: int) -> LifecycleMetrics:
+    """Means (s) over the requests SEL (a mask or slice) of TIMES, with FAILURES failed requests.
+
+    TIMES: anything with per-request ``e2e_us``, ``ttft_us``, ``span_us``, ``gaps`` and
+    ``tpot_us`` (:class:`ClientTimes`, ``fitness.sim.replay.ReplayTimes``). ITL pools every gap.
+    """
+    e2e = times.e2e_us[sel]
+    n_ok = len(e2e)
     if n_ok == 0:
-        return LifecycleMetrics(successes=0, failures=n_fail)
+        return LifecycleMetrics(successes=0, failures=failures)
     gaps = times.gaps[sel].sum()
     return LifecycleMetrics(
         successes=n_ok,
-        failures=n_fail,
-        e2e_mean_s=float(times.e2e_us[sel].mean() / US_PER_S),
+        failures=failures,
+        e2e_mean_s=float(e2e.mean() / US_PER_S),
         ttft_mean_s=float(times.ttft_us[sel].mean() / US_PER_S),
         itl_mean_s=float(times.span_us[sel].sum() / gaps / US_PER_S) if gaps > 0 else None,
         tpot_mean_s=float(times.tpot_us[sel].mean() / US_PER_S),
     )
-
-
-__all__ = [
-    "DEFAULT_EVENT_GAP_US",
-    "EVENTS_PER_TOKEN",
-    "PROMPT_INFLATION",
-    "PROMPT_SPREAD",
-    "ClientTimes",
-    "LoadPlan",
-    "PromptShapes",
-    "build_load",
-    "client_times",
-    "lifecycle_metrics",
-    "metrics_from_event_streams",
-    "prompt_shapes",
-    "stage_offsets_s",
-    "token_events_us",
-]

@@ -13,16 +13,13 @@ An experiment directory holds
 Every malformed input raises :class:`primitives.errors.InputError` naming the file,
 the field and what was expected.
 """
+
 from __future__ import annotations
 
-import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from primitives.errors import InputError
 from primitives.files import read_mapping
@@ -127,8 +124,9 @@ def _get(data: dict, dotted: str, path: Path, default: Any = _MISSING) -> Any:
     return node
 
 
-def _number(value: Any, path: Path, dotted: str, *, integer: bool = False, positive: bool = True,
-            allow_zero: bool = False) -> float | int:
+def _number(
+    value: Any, path: Path, dotted: str, *, integer: bool = False, positive: bool = True, allow_zero: bool = False
+) -> float | int:
     if value is None:
         raise InputError(path, dotted, "a required field is missing (expected a number)")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -144,12 +142,15 @@ def _number(value: Any, path: Path, dotted: str, *, integer: bool = False, posit
             raise InputError(path, dotted, f"expected an integer, got {value!r}")
         value = int(value)
     if positive and (value < 0 or (value == 0 and not allow_zero)):
-        raise InputError(path, dotted, f"expected a {'non-negative' if allow_zero else 'positive'} number, got {value!r}")
+        raise InputError(
+            path, dotted, f"expected a {'non-negative' if allow_zero else 'positive'} number, got {value!r}"
+        )
     return value
 
 
-def _num_field(data: dict, dotted: str, path: Path, *, integer: bool = False, default: Any = _MISSING,
-               allow_zero: bool = False) -> float | int:
+def _num_field(
+    data: dict, dotted: str, path: Path, *, integer: bool = False, default: Any = _MISSING, allow_zero: bool = False
+) -> float | int:
     value = _get(data, dotted, path, default)
     return _number(value, path, dotted, integer=integer, allow_zero=allow_zero)
 
@@ -184,8 +185,10 @@ def _shape_from_results(cfg: dict, path: Path) -> dict[str, int]:
     sp = _get(cfg, "data.shared_prefix", path)
     if not isinstance(sp, dict):
         raise InputError(path, "data.shared_prefix", "expected a mapping (the shared-prefix data shape)")
-    shape = {k: _num_field(cfg, f"data.shared_prefix.{k}", path, integer=True)
-             for k in ("num_groups", "num_prompts_per_group", *_SHAPE_FIELDS)}
+    shape = {
+        k: _num_field(cfg, f"data.shared_prefix.{k}", path, integer=True)
+        for k in ("num_groups", "num_prompts_per_group", *_SHAPE_FIELDS)
+    }
     return shape
 
 
@@ -195,8 +198,10 @@ def _shape_from_profile(prof: dict, path: Path) -> dict[str, int]:
         raise InputError(path, "data.shared_prefix", "expected a mapping (the shared-prefix data shape)")
     shape = {k: _num_field(prof, f"data.shared_prefix.{k}", path, integer=True) for k in _SHAPE_FIELDS}
     # the profile spells the group shape differently from the resolved config
-    for key, names in (("num_groups", ("num_groups", "num_unique_system_prompts")),
-                       ("num_prompts_per_group", ("num_prompts_per_group", "num_users_per_system_prompt"))):
+    for key, names in (
+        ("num_groups", ("num_groups", "num_unique_system_prompts")),
+        ("num_prompts_per_group", ("num_prompts_per_group", "num_users_per_system_prompt")),
+    ):
         name = next((n for n in names if sp.get(n) is not None), None)
         if name is None:
             raise InputError(path, f"data.shared_prefix.{names[1]}", "a required field is missing")
@@ -233,8 +238,12 @@ def load_observed(results_dir: Path) -> ObservedMetrics | None:
         # no summary: the results are withheld (blind test), unless stage files betray a broken copy
         stray = sorted(f.name for f in results_dir.iterdir() if _STAGE_RE.match(f.name)) if results_dir.is_dir() else []
         if stray:
-            raise InputError(summary_path, None, f"file not found, but {stray[0]} is there; expected the run's "
-                             "summary metrics next to its stage metrics")
+            raise InputError(
+                summary_path,
+                None,
+                f"file not found, but {stray[0]} is there; expected the run's "
+                "summary metrics next to its stage metrics",
+            )
         return None
     summary = _parse_metrics_file(summary_path)
     found = {}
@@ -243,8 +252,11 @@ def load_observed(results_dir: Path) -> ObservedMetrics | None:
         if m:
             found[int(m.group(1))] = f
     if found and sorted(found) != list(range(len(found))):
-        raise InputError(results_dir, "stage_<N>_lifecycle_metrics.json",
-                         f"expected stages numbered 0..{len(found) - 1}, found {sorted(found)}")
+        raise InputError(
+            results_dir,
+            "stage_<N>_lifecycle_metrics.json",
+            f"expected stages numbered 0..{len(found) - 1}, found {sorted(found)}",
+        )
     stages = tuple(_parse_metrics_file(found[i]) for i in sorted(found))
     return ObservedMetrics(summary=summary, stages=stages)
 

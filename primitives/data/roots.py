@@ -1,4 +1,5 @@
 """Where data lives: the embedded default dataset and the shared real measurements."""
+
 from __future__ import annotations
 
 import os

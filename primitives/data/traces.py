@@ -7,6 +7,7 @@ ids; ``step.duration_us`` is scheduler CPU time and is never a target. Real trac
 carry batch aggregates only; a sibling ``step_requests.parquet`` (``synthetic_step_requests.parquet`` from the
 synthetic emulator) adds per-request detail, which unlocks the per-request features.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,7 +20,6 @@ import pandas as pd
 from primitives.deployment import KV_BLOCK_TOKENS
 from primitives.errors import InputError
 from primitives.registry import AGGREGATE_FEATURES, ALL_FEATURES
-
 
 # the vLLM tracer's export names, then the embedded synthetic data's (named apart so it is
 # never mistaken for real shared data)
@@ -193,7 +193,9 @@ def load_trace(path: Path | str) -> StepData:
     if backwards.any():
         row = int(steps["source_row"].iloc[int(np.flatnonzero(backwards)[0]) + 1])
         raise InputError(
-            step_path, "step.ts_start_ns", f"timestamp does not increase with step.id at row {row}; expected monotonic time"
+            step_path,
+            "step.ts_start_ns",
+            f"timestamp does not increase with step.id at row {row}; expected monotonic time",
         )
     consecutive = same & (np.diff(steps["step_id"].to_numpy()) == 1)
     cycle = np.full(len(steps), np.nan)
@@ -202,7 +204,8 @@ def load_trace(path: Path | str) -> StepData:
     for name, g in steps.groupby("experiment", sort=True):
         if not np.isfinite(g["cycle_time_us"]).any():
             raise InputError(
-                step_path, "step.id",
+                step_path,
+                "step.id",
                 f"experiment {name!r} has no two consecutive sampled step ids, so no cycle-time targets",
             )
 
@@ -217,7 +220,9 @@ def _load_requests(path: Path, steps: pd.DataFrame) -> pd.DataFrame:
         raise InputError(path, missing[0], "missing column of the per-request detail")
     cols = {c: _numeric(df, c, path, "a non-negative integer") for c in REQUEST_COLUMNS[1:]}
     key = pd.MultiIndex.from_arrays([steps["experiment"], steps["step_id"]])
-    rows = key.get_indexer(pd.MultiIndex.from_arrays([df["experiment_id"].astype(str), cols["step.id"].astype(np.int64)]))
+    rows = key.get_indexer(
+        pd.MultiIndex.from_arrays([df["experiment_id"].astype(str), cols["step.id"].astype(np.int64)])
+    )
     if (rows < 0).any():
         row = int(np.flatnonzero(rows < 0)[0])
         raise InputError(path, "step.id", f"row {row} names a step that is not in the step trace")

@@ -1,0 +1,271 @@
+"""The run directory: where a run keeps its files, and which deployments it trained on.
+
+Layout of a run directory (``python -m evolve run --run-dir DIR``)::
+
+    DIR/run.json          the run's configuration (what ``--resume`` continues)
+    DIR/checkpoint.pkl    the search state of the last checkpoint (evolve.search)
+    DIR/archive.sqlite    runs, entries and per-generation fronts (archive.store)
+    DIR/plots/            figures (``python -m evolve validate``)
+
+``./runs/LATEST`` names the most recent run directory so that ``python -m evolve
+archive ...`` works without ``--run-dir``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from archive.entry import ArchiveEntry
+from primitives.errors import InputError
+from primitives.files import atomic_write_text
+
+ARCHIVE_FILENAME = "archive.sqlite"
+RUN_CONFIG_FILENAME = "run.json"
+CHECKPOINT_FILENAME = "checkpoint.pkl"
+PLOTS_DIRNAME = "plots"
+RUNS_DIRNAME = "runs"
+LATEST_FILENAME = "LATEST"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Where a run keeps its files."""
+
+    root: Path
+
+    @property
+    def archive(self) -> Path:
+        return self.root / ARCHIVE_FILENAME
+
+    @property
+    def run_config(self) -> Path:
+        return self.root / RUN_CONFIG_FILENAME
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.root / CHECKPOINT_FILENAME
+
+    @property
+    def plots(self) -> Path:
+        return self.root / PLOTS_DIRNAME
+
+
+def default_run_dir(seed: int, base: str | os.PathLike | None = None, now: datetime | None = None) -> Path:
+    """``<base>/runs/<UTC timestamp>-seed<S>`` (base: the current directory); never an existing one."""
+    root = Path(base) if base is not None else Path.cwd()
+    stamp = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    candidate = root / RUNS_DIRNAME / f"{stamp}-seed{int(seed)}"
+    n = 2
+    while candidate.exists():  # two runs in the same second
+        candidate = root / RUNS_DIRNAME / f"{stamp}-seed{int(seed)}-{n}"
+        n += 1
+    return candidate
+
+
+def record_latest(run_dir: str | os.PathLike, base: str | os.PathLike | None = None) -> Path:
+    """Point ``<base>/runs/LATEST`` at run_dir, atomically.
+
+    The path is stored relative to ``base`` when the run lies under it (so the
+    project folder can move), absolute otherwise.
+    """
+    root = (Path(base) if base is not None else Path.cwd()).resolve()
+    target = Path(run_dir).resolve()
+    try:
+        text = str(target.relative_to(root))
+    except ValueError:
+        text = str(target)
+    latest = root / RUNS_DIRNAME / LATEST_FILENAME
+    try:
+        latest.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(latest, text + "\n")
+    except OSError as exc:
+        raise InputError(latest, None, f"cannot record the latest run ({exc.strerror or exc})") from None
+    return latest
+
+
+def locate_archive(run_dir: str | os.PathLike | None, base: str | os.PathLike | None = None) -> Path:
+    """The archive file of ``run_dir``, or of the run named by ``./runs/LATEST``.
+
+    ``run_dir`` may also be the archive file itself. Raises ``InputError`` when there
+    is no archive to read.
+    """
+    if run_dir is not None:
+        given = Path(run_dir)
+        if given.is_file():
+            return given
+        if not given.is_dir():
+            raise InputError(given, "--run-dir", "no such run directory")
+        archive = RunDir(given).archive
+        if not archive.is_file():
+            raise InputError(
+                given,
+                "--run-dir",
+                f"no {ARCHIVE_FILENAME} in this directory; pass the directory of a `python -m evolve run`",
+            )
+        return archive
+    root = Path(base) if base is not None else Path.cwd()
+    latest = root / RUNS_DIRNAME / LATEST_FILENAME
+    if not latest.is_file():
+        raise InputError(
+            root, None, "no run found in this directory; run `python -m evolve run` first or pass --run-dir"
+        )
+    try:
+        text = latest.read_text().strip()
+    except OSError as exc:
+        raise InputError(latest, None, f"cannot read ({exc.strerror or exc})") from None
+    if not text:
+        raise InputError(latest, None, "is empty; pass --run-dir")
+    target = Path(text)
+    if not target.is_absolute():
+        target = root / target
+    archive = RunDir(target).archive
+    if not archive.is_file():
+        raise InputError(latest, None, f"points to {target}, which has no {ARCHIVE_FILENAME}; pass --run-dir")
+    return archive
+
+
+# --- provenance: which deployments a run trained on (export-go bakes in the first) -------
+@dataclass(frozen=True)
+class RunDeployment:
+    """A deployment an archived run trained on: one experiment's model and TP."""
+
+    experiment: str
+    model: str  # as the data names it: a trace name ("llama-2-70b") or an HF id
+    tp: int
+    gpu: str | None  # the trace's gpu column, if any
+    source: str  # the trace file or experiment directory it was read from
+
+
+_TRACE_ID_COLUMNS = ("experiment_id", "model", "tp")
+
+
+def _run_base_dirs(config: dict, run_dir: Path | None) -> list[Path]:
+    """Directories relative data paths of a run may be relative to.
+
+    The run recorded its paths as typed, relative to where ``evolve run`` was started;
+    that directory is recovered from the recorded ``run_dir`` and where the run lives
+    now (``runs/<id>`` started in P -> P). The current directory is tried first.
+    """
+    bases = [Path.cwd()]
+    if run_dir is not None:
+        here = Path(run_dir).resolve()
+        recorded = Path(str(config.get("run_dir") or ""))
+        if str(recorded) not in ("", ".") and not recorded.is_absolute():
+            parts = recorded.parts
+            if len(parts) <= len(here.parts) and here.parts[-len(parts) :] == parts:
+                bases.append(Path(*here.parts[: len(here.parts) - len(parts)]))
+        bases += [here, here.parent, here.parent.parent]
+    unique: list[Path] = []
+    for b in bases:
+        if b not in unique:
+            unique.append(b)
+    return unique
+
+
+def _locate(path: str, bases: list[Path]) -> Path | None:
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return p if p.exists() else None
+    return next((b / p for b in bases if (b / p).exists()), None)
+
+
+def _trace_deployments(path: Path) -> list[RunDeployment]:
+    """(experiment, model, tp, gpu) of a step trace, reading only those columns."""
+    from primitives.data.traces import STEP_FILE_NAMES
+
+    step_file = path
+    if path.is_dir():
+        step_file = next((path / n for n in STEP_FILE_NAMES if (path / n).is_file()), None)
+        if step_file is None:
+            raise InputError(path, None, f"no step trace here; expected one of {', '.join(STEP_FILE_NAMES)}")
+    try:
+        import pandas as pd
+
+        if step_file.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            names = pq.read_schema(step_file).names
+            wanted = [c for c in (*_TRACE_ID_COLUMNS, "gpu") if c in names]
+            df = pd.read_parquet(step_file, columns=wanted)
+        elif step_file.suffix == ".csv":
+            df = pd.read_csv(step_file, usecols=lambda c: c in (*_TRACE_ID_COLUMNS, "gpu"))
+        else:
+            raise InputError(step_file, None, "unsupported file type; expected .parquet or .csv")
+    except InputError:
+        raise
+    except Exception as exc:  # pyarrow/pandas parse errors: one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InputError(step_file, None, f"cannot read the trace's deployments ({first[:120]})") from None
+    missing = [c for c in _TRACE_ID_COLUMNS if c not in df.columns]
+    if missing:
+        raise InputError(step_file, missing[0], "missing column; cannot tell which deployment the run used")
+    if "gpu" not in df.columns:
+        df["gpu"] = ""
+    df = df.dropna(subset=list(_TRACE_ID_COLUMNS)).drop_duplicates("experiment_id")
+    out = []
+    for row in df.itertuples(index=False):
+        try:
+            tp = int(row.tp)
+        except (TypeError, ValueError):
+            continue
+        gpu = str(row.gpu) if isinstance(row.gpu, str) and row.gpu.strip() and row.gpu != "nan" else None
+        out.append(RunDeployment(str(row.experiment_id), str(row.model), tp, gpu, str(step_file)))
+    return sorted(out, key=lambda d: d.experiment)
+
+
+def run_deployments(entry: ArchiveEntry, run_dir: str | Path | None = None) -> list[RunDeployment]:
+    """The deployments ENTRY's run trained on, the one to bake in by default first.
+
+    From the run's step traces (``run_config['data']``; none recorded means the
+    embedded default data, ``primitives.data.roots.default_data_dir()``), else from its
+    experiment directories (``run_config['experiments']``). Experiments ENTRY was scored
+    on come first, then by name. RUN_DIR (where the run lives now) helps find data the
+    run named by relative paths. Raises InputError when none can be found.
+    """
+    from primitives.data.roots import default_data_dir
+    from primitives.data.traces import STEP_FILE_NAMES
+
+    config = dict(entry.run_config or {})
+    bases = _run_base_dirs(config, Path(run_dir) if run_dir is not None else None)
+    found: list[RunDeployment] = []
+    tried: list[str] = []
+    data = [str(p) for p in (config.get("data") or [])]
+    if data:
+        for p in data:
+            path = _locate(p, bases)
+            if path is None:
+                tried.append(f"data {p} (not found)")
+            else:
+                found += _trace_deployments(path)
+    else:
+        default = default_data_dir()
+        if any((default / n).is_file() for n in STEP_FILE_NAMES):
+            found += _trace_deployments(default)
+        else:
+            tried.append(f"the embedded default data ({default}: not there)")
+    if not found and config.get("experiments"):
+        path = _locate(str(config["experiments"]), bases)
+        if path is None:
+            tried.append(f"experiments {config['experiments']} (not found)")
+        else:
+            from primitives.data.experiments import find_experiments
+
+            found += [RunDeployment(s.name, s.model, int(s.tp), None, str(s.path)) for s in find_experiments(path)]
+    if not found:
+        raise InputError(
+            f"archive entry {entry.id}",
+            "run_config",
+            "cannot tell which deployment the run used (tried "
+            + (", ".join(tried) or "nothing: the entry records no run configuration")
+            + "); pass --model NAME --tp N",
+        )
+    scored = set(entry.per_experiment or {})
+    seen, unique = set(), []
+    for d in sorted(found, key=lambda d: (d.experiment not in scored, d.experiment)):
+        if d.experiment not in seen:
+            seen.add(d.experiment)
+            unique.append(d)
+    return unique

@@ -1,0 +1,355 @@
+"""What the commands show: the JSON view of an entry, rich tables of entries, scores and
+validations, and the validation plot.
+
+rich, sympy and matplotlib are imported by the functions that draw, so that a command
+printing JSON starts without them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from archive.entry import ArchiveEntry
+
+# Error objectives shown as columns when any entry has them (fractions, shown as %).
+ERROR_COLUMNS = (
+    ("step_mape", "step MAPE"),
+    ("e2e_error", "E2E err"),
+    ("ttft_error", "TTFT err"),
+    ("itl_error", "ITL err"),
+)
+
+
+# -- formatting -----------------------------------------------------------------------
+def clean(obj: Any) -> Any:
+    """JSON-safe copy: non-finite floats become null, numpy scalars plain numbers."""
+    if isinstance(obj, dict):
+        return {str(k): clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "tolist") and callable(obj.tolist):  # numpy scalars and arrays
+        return clean(obj.tolist())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def fmt_fraction(value: object) -> str:
+    """A relative error stored as a fraction, shown as a percentage ('-' if missing)."""
+    try:
+        v = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return "-"
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return f"{100.0 * v:.2f}%"
+
+
+def fmt_number(value: object) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    try:
+        v = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return str(value)
+    if not math.isfinite(v):
+        return str(v)
+    return f"{v:.6g}"
+
+
+def fmt_cell(key: str, value: Any) -> str:
+    """A table cell: errors (by their key) as percentages, rows as JSON, numbers to 6 digits."""
+    k = key.lower()
+    if (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and ("mape" in k or k.endswith("ape") or "error" in k or k.endswith("_err"))
+    ):
+        return fmt_fraction(value)
+    if isinstance(value, (dict, list)):
+        return json.dumps(clean(value))
+    return fmt_number(value) if not isinstance(value, str) else value
+
+
+def entry_record(entry: ArchiveEntry) -> dict:
+    """The JSON view of an entry used by ``archive list/best --json``."""
+    return {
+        "id": entry.id,
+        "expression": entry.expression,
+        "simplified": entry.simplified,
+        "complexity": entry.complexity,
+        "objectives": dict(entry.objectives),
+        "generation": entry.generation,
+        "constants": list(entry.constants),
+        "overheads": dict(entry.overheads),
+        "primitives": list(entry.primitives),
+        "on_front": entry.on_front,
+        "run_id": entry.run_id,
+        "dataset_fingerprint": entry.dataset_fingerprint,
+        "seed": entry.seed,
+    }
+
+
+# -- generic tables -------------------------------------------------------------------
+def entries_table(entries: list[ArchiveEntry], recommended_id: str | None = None, title: str | None = None):
+    """The front as a table: id, generation found, complexity, errors present, expression."""
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False)
+    table.add_column("", width=1)
+    table.add_column("id", no_wrap=True)
+    table.add_column("gen", justify="right")
+    table.add_column("cx", justify="right")
+    shown = [(key, label) for key, label in ERROR_COLUMNS if any(key in e.objectives for e in entries)]
+    for _, label in shown:
+        table.add_column(label, justify="right", no_wrap=True)
+    table.add_column("expression", overflow="fold")
+    for e in entries:
+        mark = "*" if e.id == recommended_id else ""
+        row = [mark, e.id, str(e.generation), str(e.complexity)]
+        row += [fmt_fraction(e.objectives.get(key)) for key, _ in shown]
+        row.append(e.expression)
+        table.add_row(*row)
+    if recommended_id is not None:
+        table.caption = "* recommended (python -m evolve archive best)"
+    return table
+
+
+def mapping_table(mapping: dict, title: str | None = None, key_label: str = "name", value_label: str = "value"):
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column(key_label)
+    table.add_column(value_label, justify="right", overflow="fold")
+    for k, v in mapping.items():
+        table.add_row(str(k), fmt_number(v) if not isinstance(v, (dict, list)) else str(v))
+    return table
+
+
+def rows_table(rows: list[dict], title: str | None = None):
+    """Rows of dicts as one table; the columns are every key, in order of appearance."""
+    from rich.table import Table
+
+    columns: list[str] = []
+    for r in rows:
+        for k in r:
+            if k not in columns:
+                columns.append(k)
+    table = Table(title=title)
+    for c in columns:
+        table.add_column(c, justify="left" if c in ("experiment", "name", "model") else "right", overflow="fold")
+    for r in rows:
+        table.add_row(*[fmt_cell(c, r[c]) if c in r else "-" for c in columns])
+    return table
+
+
+# -- one entry in detail (archive show) -------------------------------------------------
+def sympy_form(entry: ArchiveEntry) -> tuple[Any, str]:
+    """The entry's simplified form as (sympy expression or None, text to show).
+
+    The archive stores it (``evolve.records.entry_from`` runs
+    ``primitives.language.simplify_expression``: constants folded, sympy.simplify where
+    cheap); entries without one are simplified here the same way.
+    """
+    from primitives.language import parse_infix, simplify_expression, to_infix
+
+    try:
+        if entry.simplified:
+            return parse_infix(entry.simplified), entry.simplified
+        expr = simplify_expression(parse_infix(entry.expression))
+        return expr, to_infix(expr)
+    except Exception as exc:  # display only: a stored text sympy can not read back
+        reason = " ".join(str(exc).split())
+        return None, entry.simplified or f"(could not simplify: {type(exc).__name__}: {reason})"
+
+
+def _term_unit(term: Any) -> str:
+    """Unit of a term's coefficient when the term is a constant or one primitive (µs/<unit>)."""
+    import sympy
+
+    from primitives.registry import PRIMITIVE_BY_NAME
+
+    if term == 1:
+        return "µs"
+    if isinstance(term, sympy.Symbol) and term.name in PRIMITIVE_BY_NAME:
+        unit = PRIMITIVE_BY_NAME[term.name].unit
+        if unit == "us":
+            return "× (µs/µs)"
+        if unit == "ratio":
+            return "µs"
+        return "µs/" + (unit[:-1] if unit.endswith("s") else unit)  # tokens -> µs/token
+    return ""
+
+
+def _terms_table(expr: Any):
+    """The simplified form term by term (coefficient, unit, term), if it is a sum of 3+."""
+    import sympy
+    from rich.table import Table
+
+    if not isinstance(expr, sympy.Add) or len(expr.args) < 3:
+        return None
+    table = Table(title="Simplified form, term by term (step time in µs)")
+    table.add_column("coefficient", justify="right", no_wrap=True)
+    table.add_column("unit", no_wrap=True)
+    table.add_column("term", overflow="fold")
+    for term in expr.as_ordered_terms():
+        coef, rest = term.as_coeff_Mul()
+        table.add_row(fmt_number(float(coef)), _term_unit(rest), "1" if rest == 1 else str(rest))
+    return table
+
+
+def _cse_table(expr: Any):
+    """sympy.cse of the simplified form, when it has common subexpressions (cse0, cse1, ...
+    as the Go export names them)."""
+    import sympy
+    from rich.table import Table
+
+    try:
+        taken = {s.name for s in expr.free_symbols}
+        names = (sympy.Symbol(f"cse{i}") for i in range(10**6) if f"cse{i}" not in taken)
+        replacements, reduced = sympy.cse(expr, symbols=names)
+    except Exception:  # display only
+        return None
+    if not replacements:
+        return None
+    table = Table(title="Common subexpressions (sympy.cse)", show_header=False)
+    table.add_column("name", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    for sym, sub in replacements:
+        table.add_row(f"{sym} =", str(sub))
+    table.add_row("step time (µs) =", str(reduced[0]))
+    return table
+
+
+def entry_detail(entry: ArchiveEntry) -> list:
+    """What ``archive show`` prints: the entry, its terms, objectives, overheads and per-experiment errors."""
+    from rich.table import Table
+
+    simplified, simplified_text = sympy_form(entry)
+    head = Table(title=f"Entry {entry.id}", show_header=False)
+    head.add_column("field", style="bold")
+    head.add_column("value", overflow="fold")
+    head.add_row("run", entry.run_id)
+    head.add_row("first found in generation", str(entry.generation))
+    head.add_row("on latest front", "yes" if entry.on_front else "no")
+    head.add_row("complexity", str(entry.complexity))
+    head.add_row("expression", entry.expression)
+    same = " ".join(simplified_text.split()) == " ".join(entry.expression.split())
+    head.add_row("simplified (sympy)", "(same as the expression)" if same else simplified_text)
+    head.add_row("constants", ", ".join(fmt_number(c) for c in entry.constants) or "-")
+    head.add_row("primitives", ", ".join(entry.primitives) or "-")
+    head.add_row("dataset fingerprint", entry.dataset_fingerprint or "-")
+    shown: list = [head]
+    if simplified is not None:
+        shown += [t for t in (_terms_table(simplified), _cse_table(simplified)) if t is not None]
+    objectives = Table(title="Objectives")
+    objectives.add_column("objective")
+    objectives.add_column("value", justify="right")
+    for k, v in entry.objectives.items():
+        objectives.add_row(k, fmt_number(v) if k == "complexity" else fmt_cell(k, v))
+    shown.append(objectives)
+    if entry.overheads:
+        shown.append(mapping_table(entry.overheads, title="Overheads (µs)", key_label="term", value_label="µs"))
+    if entry.per_experiment:
+        rows = [{"experiment": name, **metrics} for name, metrics in sorted(entry.per_experiment.items())]
+        shown.append(rows_table(rows, title="Per-experiment errors"))
+    else:
+        shown.append("no per-experiment scores archived for this entry")
+    return shown
+
+
+# -- validation ---------------------------------------------------------------------------
+def validation_table(result: dict, title: str):
+    """Predicted against observed per experiment: the figures a user checks first."""
+    from rich.table import Table
+
+    def pct(v):
+        if v is None:
+            return "—"
+        colour = "green" if abs(v) <= 0.10 else ("yellow" if abs(v) <= 0.15 else "red")
+        return f"[{colour}]{v * 100:+.1f}%[/]"
+
+    def num(v, scale=1.0, fmt="{:.3f}"):
+        return "—" if v is None else fmt.format(v * scale)
+
+    t = Table(title=title)
+    for col, just in [
+        ("experiment", "left"),
+        ("E2E s pred/obs", "right"),
+        ("err", "right"),
+        ("TTFT ms pred/obs", "right"),
+        ("err", "right"),
+        ("ITL ms pred/obs", "right"),
+        ("err", "right"),
+        ("failures pred/obs", "right"),
+    ]:
+        t.add_column(col, justify=just)
+    for it in result.get("experiments", []):
+        name = it["name"].split("-", 2)[-1] if it["name"][:8].isdigit() else it["name"]
+        if it.get("held_out_model"):
+            name += " (held out)"
+        t.add_row(
+            name,
+            f"{num(it['e2e_mean_pred_s'])} / {num(it['e2e_mean_obs_s'])}",
+            pct(it["e2e_error"]),
+            f"{num(it['ttft_mean_pred_s'], 1e3, '{:.1f}')} / {num(it['ttft_mean_obs_s'], 1e3, '{:.1f}')}",
+            pct(it["ttft_error"]),
+            f"{num(it['itl_mean_pred_s'], 1e3, '{:.2f}')} / {num(it['itl_mean_obs_s'], 1e3, '{:.2f}')}",
+            pct(it["itl_error"]),
+            f"{it['failures_pred']} / {'—' if it['failures_obs'] is None else it['failures_obs']}",
+        )
+    return t
+
+
+def plot_predicted_vs_observed(items: list[dict], path: Path, title: str) -> Path | None:
+    """Three panels (E2E, TTFT, ITL): predicted against observed, with a ±10% band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.ticker import NullFormatter
+
+    from fitness.replay_rows import REPLAY_METRICS
+
+    rows = [i for i in items if i.get("e2e_mean_obs_s") is not None]
+    if not rows:
+        return None
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
+    models = sorted({i["model"] for i in rows})
+    colours = dict(zip(models, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+    for ax, m in zip(axes, REPLAY_METRICS, strict=True):
+        obs = np.array([i[f"{m}_mean_obs_s"] for i in rows])
+        pred = np.array([i[f"{m}_mean_pred_s"] for i in rows])
+        lo, hi = min(obs.min(), pred.min()) * 0.8, max(obs.max(), pred.max()) * 1.25
+        xs = np.geomspace(lo, hi, 50)
+        ax.fill_between(xs, xs * 0.9, xs * 1.1, color="0.9", label="±10%")
+        ax.plot(xs, xs, color="0.5", lw=1)
+        for model in models:
+            sel = [k for k, i in enumerate(rows) if i["model"] == model]
+            ax.scatter(obs[sel], pred[sel], s=28, color=colours[model], label=model)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):  # minor labels collide on short log ranges
+            axis.set_minor_formatter(NullFormatter())
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel(f"observed mean {m.upper()} (s)")
+        ax.set_ylabel(f"predicted mean {m.upper()} (s)")
+        ax.set_title(m.upper())
+    axes[0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
