@@ -20,3 +20,29 @@ def shared_data() -> Path:
     if not (d / "steps" / "step_traces.parquet").exists():
         pytest.skip(f"shared real data not found at {d} (set STEPSYNTH_SHARED to the shared/ folder)")
     return d
+
+
+def small_trace(n: int = 400, experiment: str = "tiny", model: str = "llama-2-7b", tp: int = 1):
+    """A small decode-only step trace in the real flat schema (seeded, so always the same)."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(1)
+    decode = rng.integers(1, 100, n)
+    ts = np.concatenate([[0], np.cumsum(8000 + 60 * decode)[:-1]]) * 1000  # cycle of step i ends at i+1
+    return pd.DataFrame(
+        {
+            "experiment_id": experiment,
+            "model": model,
+            "tp": tp,
+            "step.id": np.arange(n),
+            "step.ts_start_ns": ts,
+            "step.duration_us": 300,
+            "batch.prefill_tokens": 0,
+            "batch.decode_tokens": decode,
+            "batch.num_prefill_reqs": 0,
+            "batch.num_decode_reqs": decode,
+            "kv.blocks_total_gpu": 7000,
+            "kv.blocks_free_gpu": 7000 - decode * 40,
+        }
+    )

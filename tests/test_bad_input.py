@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import small_trace
 
 from evolve.cli import main
 
@@ -23,25 +24,7 @@ N_ROWS = 40
 
 
 def good_trace() -> pd.DataFrame:
-    rng = np.random.default_rng(1)
-    decode = rng.integers(1, 100, N_ROWS)
-    ts = np.concatenate([[0], np.cumsum(8000 + 60 * decode)[:-1]]) * 1000
-    return pd.DataFrame(
-        {
-            "experiment_id": "tiny",
-            "model": "llama-2-7b",
-            "tp": 1,
-            "step.id": np.arange(N_ROWS),
-            "step.ts_start_ns": ts,
-            "step.duration_us": 300,
-            "batch.prefill_tokens": 0,
-            "batch.decode_tokens": decode,
-            "batch.num_prefill_reqs": 0,
-            "batch.num_decode_reqs": decode,
-            "kv.blocks_total_gpu": 7000,
-            "kv.blocks_free_gpu": 7000 - decode * 40,
-        }
-    )
+    return small_trace(N_ROWS)
 
 
 def _set(df: pd.DataFrame, row: int, col: str, value) -> pd.DataFrame:

@@ -12,12 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 
 distributed = pytest.importorskip("distributed")
 
+from conftest import small_trace  # noqa: E402
 from test_search import planted_table  # noqa: E402
 
 from evolve.config import RunConfig  # noqa: E402
@@ -86,26 +85,7 @@ def test_unreachable_scheduler_is_an_input_error_naming_the_option(monkeypatch):
 
 
 def _tiny_trace(path: Path) -> None:
-    rng = np.random.default_rng(1)
-    n = 400
-    decode = rng.integers(1, 100, n)
-    ts = np.concatenate([[0], np.cumsum(8000 + 60 * decode)[:-1]]) * 1000
-    pd.DataFrame(
-        {
-            "experiment_id": "tiny",
-            "model": "llama-2-7b",
-            "tp": 1,
-            "step.id": np.arange(n),
-            "step.ts_start_ns": ts,
-            "step.duration_us": 300,
-            "batch.prefill_tokens": 0,
-            "batch.decode_tokens": decode,
-            "batch.num_prefill_reqs": 0,
-            "batch.num_decode_reqs": decode,
-            "kv.blocks_total_gpu": 7000,
-            "kv.blocks_free_gpu": 7000 - decode * 40,
-        }
-    ).to_csv(path, index=False)
+    small_trace().to_csv(path, index=False)
 
 
 def _cli(args, cwd):

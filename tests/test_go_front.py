@@ -20,9 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
+from conftest import small_trace
 
 from archive.entry import ArchiveEntry
 from archive.rundir import RunDir, run_deployments
@@ -45,26 +44,7 @@ _GOLDEN_ROW = re.compile(r"^\t\{\d+, \d+, \S+, \d+\},$", re.M)
 
 def _write_small_trace(path: Path, experiment: str = "tiny", model: str = "llama-2-7b", tp: int = 1) -> None:
     """A trace in the real flat schema (as tests/test_search.py writes)."""
-    rng = np.random.default_rng(1)
-    n = 400
-    decode = rng.integers(1, 100, n)
-    ts = np.concatenate([[0], np.cumsum(8000 + 60 * decode)[:-1]]) * 1000
-    pd.DataFrame(
-        {
-            "experiment_id": experiment,
-            "model": model,
-            "tp": tp,
-            "step.id": np.arange(n),
-            "step.ts_start_ns": ts,
-            "step.duration_us": 300,
-            "batch.prefill_tokens": 0,
-            "batch.decode_tokens": decode,
-            "batch.num_prefill_reqs": 0,
-            "batch.num_decode_reqs": decode,
-            "kv.blocks_total_gpu": 7000,
-            "kv.blocks_free_gpu": 7000 - decode * 40,
-        }
-    ).to_csv(path, index=False)
+    small_trace(experiment=experiment, model=model, tp=tp).to_csv(path, index=False)
 
 
 def _entry(run_config: dict, per_experiment: dict | None = None) -> ArchiveEntry:

@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 import numpy as np
-import pandas as pd
 import pytest
+from conftest import small_trace
 
 from evolve.config import RunConfig
 from evolve.evaluator import Evaluator
@@ -103,27 +103,7 @@ def test_same_seed_same_front_and_jobs_do_not_matter():
 
 def test_short_end_to_end_run_writes_an_archive(tmp_path):
     # a small trace in the real flat schema, written as CSV
-    rng = np.random.default_rng(1)
-    n = 400
-    decode = rng.integers(1, 100, n)
-    ts = np.concatenate([[0], np.cumsum(8000 + 60 * decode)[:-1]]) * 1000  # cycle of step i ends at i+1
-    df = pd.DataFrame(
-        {
-            "experiment_id": "tiny",
-            "model": "llama-2-7b",
-            "tp": 1,
-            "step.id": np.arange(n),
-            "step.ts_start_ns": ts,
-            "step.duration_us": 300,
-            "batch.prefill_tokens": 0,
-            "batch.decode_tokens": decode,
-            "batch.num_prefill_reqs": 0,
-            "batch.num_decode_reqs": decode,
-            "kv.blocks_total_gpu": 7000,
-            "kv.blocks_free_gpu": 7000 - decode * 40,
-        }
-    )
-    df.to_csv(tmp_path / "trace.csv", index=False)
+    small_trace().to_csv(tmp_path / "trace.csv", index=False)
     cmd = [sys.executable, "-m", "evolve", "run", "--generations", "3", "--population", "24", "--data", "trace.csv"]
     res = subprocess.run(
         cmd, cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
