@@ -8,9 +8,9 @@ The rule (``recommend``), in the order it is applied:
    optimistic near saturation.
 
 1. **Error to compare.** Each entry's error is the worst of the errors it was scored
-   on: ``max(step_mape, e2e_error_max, ttft_error_max, itl_error_max)`` (the ``_max``
+   on: ``max(step_mape, e2e_error_max, ttft_error_max, itl_error_max, failure_error_max)`` (the ``_max``
    latency errors are the worst experiment's; where an entry has only the mean,
-   ``e2e_error`` etc., that is used), using only those of the four objectives that
+   ``e2e_error`` etc., that is used), using only those of the objectives that
    *every* candidate carries (so a model is never preferred just
    because it was not replayed end to end). A model that predicts steps well but
    replays latencies badly is thus judged by the latency it gets wrong — the
@@ -42,7 +42,8 @@ from dataclasses import dataclass
 
 from archive.entry import ArchiveEntry
 
-ERROR_OBJECTIVES = ("step_mape", "e2e_error", "ttft_error", "itl_error")
+# failure_error: the closed loop's miss of the failed fraction of requests (a fraction, like the others)
+ERROR_OBJECTIVES = ("step_mape", "e2e_error", "ttft_error", "itl_error", "failure_error")
 ACCURACY_GATE = 1.25  # eligible: error <= ACCURACY_GATE * lowest error on the front
 _ERROR_FLOOR = 1e-12
 _SCORE_TIE = 1e-9  # relative

@@ -21,7 +21,7 @@ from evolve.evaluator import Evaluator  # noqa: E402
 from evolve.toolbox import build_pset, tree_to_program  # noqa: E402
 from fitness.dataset import StepTable  # noqa: E402
 from fitness.scoring import FitnessContext  # noqa: E402
-from primitives.compute import constant_columns, primitive_columns  # noqa: E402
+from primitives.compute import constant_columns, kernel_binding, primitive_columns  # noqa: E402
 from primitives.deployment import default_resolver  # noqa: E402
 from primitives.registry import AGGREGATE_FEATURES, supported_primitives  # noqa: E402
 
@@ -44,7 +44,7 @@ def synthetic_table(n_rows: int, seed: int = 0) -> StepTable:
         "kv_tokens": decode * rng.uniform(300, 900, n_rows),
     }
     names = supported_primitives(AGGREGATE_FEATURES)
-    cols = primitive_columns(feats, constant_columns(deps, exp), names)
+    cols = primitive_columns(feats, constant_columns(deps, exp), names, kernel_binding(names, deps, exp))
     target = 1.3 * cols["weight_time_us"] + 1.5 * cols["kv_io_time_us"] + 40 * cols["allreduce_calls"] + 1500
     target *= rng.lognormal(0, 0.03, n_rows)
     return StepTable(

@@ -59,6 +59,12 @@ CASES = [
         "mixtral-8x7b-v0-1",
         2,
     ),
+    (
+        "measured_kernels",
+        "1.2*gemm_time_us + 1.1*decode_attention_time_us + 1.5*prefill_attention_time_us + 10*allreduce_calls + 300",
+        "mixtral-8x7b-v0-1",
+        2,
+    ),
     ("evolved", EVOLVED, "mixtral-8x7b-v0-1", 2),
     ("evolved", EVOLVED, "llama-2-70b", 4),
 ]

@@ -15,7 +15,7 @@ the ones the candidates would produce.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -42,7 +42,7 @@ from fitness.sim.engine import simulate
 from fitness.sim.latency_model import FITTED_NON_STEP_NAMES
 from fitness.sim.models import AnchoredModel, ExpressionLatencyModel, reference_model
 from fitness.sim.replay import OVERHEAD_NAMES, metric_weights
-from primitives.compute import primitive_columns
+from primitives.compute import kernel_binding, primitive_columns
 from primitives.data.experiments import ExperimentSpec, find_experiments
 from primitives.deployment import DeploymentResolver
 from primitives.errors import InputError
@@ -118,7 +118,7 @@ def record_trajectory(spec: ExperimentSpec, deployment, model, names: list[str],
     result = simulate(spec, deployment, recorder, seed=seed, record=True)
     traj = result.trajectory
     feats = traj.features()
-    cols = primitive_columns(feats, deployment.constants, names)
+    cols = primitive_columns(feats, deployment.constants, names, kernel_binding(names, [deployment]))
     labels = row_labels(spec)
     forms = metric_weights(traj, stages=len(spec.stages) > 1)
     fixed_names = [n for n in OVERHEAD_NAMES if n not in FITTED_NON_STEP_NAMES]
@@ -247,7 +247,7 @@ def calibrated_replay_rows(
     ui.log("recording reference trajectories (closed loop, every experiment)")
     rows = build_replay_rows(exp_dir, resolver, names, config.seed, config.jobs)
     recorded_by: tuple[str, dict] | None = None
-    _, score = best_seed(FitnessContext(ctx.steps, rows, config.replay_weight), names)
+    _, score = best_seed(replace(ctx, replay=rows), names)
     best = (score.replay_error, rows, recorded_by)
     for r in range(config.calibration_rounds):
         model = replay_model_of(score)
@@ -256,7 +256,7 @@ def calibrated_replay_rows(
             " re-recording with it"
         )
         rows = refresh_replay_rows(exp_dir, resolver, model_entry(model), names, config.seed, config.jobs)
-        _, score = best_seed(FitnessContext(ctx.steps, rows, config.replay_weight), names)
+        _, score = best_seed(replace(ctx, replay=rows), names)
         if not score.replay_error < best[0]:
             # near saturation the fixed point can overshoot: keep the better trajectories
             ui.log(f"calibration {r + 1}: replay error {score.replay_error:.3f} is no better; keeping the previous")
@@ -275,5 +275,5 @@ def refresh_trajectories(search, config: RunConfig, resolver: DeploymentResolver
     model = replay_model_of(search.best_item()[1])
     ui.log(f"generation {search.state.generation}: refreshing trajectories with the current best model")
     rows = refresh_replay_rows(Path(config.experiments), resolver, model_entry(model), names, config.seed, config.jobs)
-    search.replace_context(FitnessContext(search.ctx.steps, rows, config.replay_weight))
+    search.replace_context(replace(search.ctx, replay=rows))
     search.state.replay_model = model

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from archive.entry import ArchiveEntry
+from evolve.config import BOUNDS_HELP, parse_bounds
 from evolve.report import clean, entry_record, fmt_cell
 from primitives.errors import InputError, writable_dir
 from primitives.files import atomic_write_text
@@ -124,9 +125,9 @@ def _resolver(args: argparse.Namespace):
 
     _must_exist(getattr(args, "model_configs", None), "--model-configs", "dir")
     _must_exist(getattr(args, "gpu_datasheet", None), "--gpu-datasheet", "file")
-    mc = getattr(args, "model_configs", None)
-    gd = getattr(args, "gpu_datasheet", None)
-    return DeploymentResolver.from_options(Path(mc) if mc else None, Path(gd) if gd else None)
+    _must_exist(getattr(args, "kernels", None), "--kernels", "dir")
+    mc, gd, kd = (getattr(args, k, None) for k in ("model_configs", "gpu_datasheet", "kernels"))
+    return DeploymentResolver.from_options(*(Path(v) if v else None for v in (mc, gd, kd)))
 
 
 # -- commands -----------------------------------------------------------------------
@@ -142,6 +143,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _must_exist(args.experiments, "--experiments", "dir")
     _must_exist(args.model_configs, "--model-configs", "dir")
     _must_exist(args.gpu_datasheet, "--gpu-datasheet", "file")
+    _must_exist(args.kernels, "--kernels", "dir")
     _must_exist(args.resume, "--resume", "dir")
     if args.scheduler and args.backend != "dask":
         raise InputError("--scheduler", None, "a scheduler address needs --backend dask")
@@ -164,6 +166,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         time_limit_s=args.time_limit,
         model_configs=args.model_configs,
         gpu_datasheet=args.gpu_datasheet,
+        kernels=args.kernels,
+        efficiency_bounds=list(args.efficiency_bounds),
         checkpoint_every=args.checkpoint_every,
         backend=args.backend,
         scheduler=args.scheduler,
@@ -288,18 +292,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
     _check_writable_file(args.json, "--json")
     entry = _get_entry(args.run_dir, args.id)
     resolver = _resolver(args)
-    from evolve.report import rows_table, validation_table
+    from evolve.report import VALIDATE_MODES, rows_table, validation_table
     from evolve.validation import validate_entry
 
     console = _console()
-    what = "leave-one-model-out refits and closed-loop runs" if args.lomo else "closed-loop runs"
+    what, kind = VALIDATE_MODES[args.mode]
     with console.status(f"{entry.id}: {what} of every experiment under {args.experiments} ..."):
-        result = validate_entry(entry, str(args.experiments), bool(args.lomo), resolver)
+        result = validate_entry(entry, str(args.experiments), args.mode, resolver)
     if args.json:
-        _write_json(
-            args.json, {"id": entry.id, "expression": entry.expression, "lomo": bool(args.lomo), **dict(result)}
-        )
-    title = f"Validation of {entry.id}" + (" (leave one model out)" if args.lomo else "")
+        mode = {"mode": args.mode or "closed-loop", "lomo": args.mode == "lomo"}
+        _write_json(args.json, {"id": entry.id, "expression": entry.expression, **mode, **dict(result)})
+    title = f"Validation of {entry.id}" + (f" ({kind})" if kind else "")
     console.print(validation_table(result, title))
     summary = result.get("summary", {})
     console.print(
@@ -308,6 +311,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
             title="summary (absolute errors over experiments with results)",
         )
     )
+    for key, groups in summary.items():  # per held-out model or workload
+        if isinstance(groups, dict):
+            console.print(rows_table([{"name": g, **v} for g, v in groups.items()], title=f"per held-out {key[:-1]}"))
     if result.get("plot"):
         console.print(f"plot: {result['plot']}")
     return 0
@@ -359,6 +365,7 @@ def _add_run_dir(
 def _add_resolver_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-configs", metavar="DIR", help="folder of HF config.json folders (default: built-ins)")
     p.add_argument("--gpu-datasheet", metavar="FILE", help="GPU datasheet JSON (default: built-in H100)")
+    p.add_argument("--kernels", metavar="DIR", help="the GPU's measured kernel tables (default: built-in H100)")
 
 
 def _entry_command(sub, name: str, help: str, handler) -> argparse.ArgumentParser:
@@ -397,6 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("loky", "dask"), default="loky")
     p.add_argument("--scheduler", metavar="ADDRESS", help="dask scheduler address (with --backend dask)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    p.add_argument("--efficiency-bounds", type=parse_bounds, default=(0.5, 4.0), metavar="LO,HI", help=BOUNDS_HELP)
     p.add_argument(
         "--checkpoint-every", type=_positive_int, default=5, metavar="N", help="generations between checkpoints"
     )
@@ -425,7 +433,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _entry_command(sub, "validate", "replay experiments end to end with an entry", cmd_validate)
     p.add_argument("--experiments", required=True, metavar="DIR")
-    p.add_argument("--lomo", action="store_true", help="leave one model out: refit per held-out model")
+    transfer = p.add_mutually_exclusive_group()
+    for flag, help in [
+        ("--lomo", "leave one model out: refit without each model, validate on it"),
+        ("--lowo", "leave one workload out: refit without each workload, validate on it"),
+        ("--stage-transfer", "refit on the low-rate load stages, validate the high-rate ones"),
+    ]:
+        transfer.add_argument(flag, dest="mode", action="store_const", const=flag[2:], help=help)
 
     p = sub.add_parser("export-go", help="write step_time.go for BLIS")
     p.add_argument("id", metavar="ID")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from argparse import ArgumentTypeError
 from dataclasses import asdict, dataclass, field
 
 
@@ -17,6 +18,7 @@ class RunConfig:
     time_limit_s: float | None = None
     model_configs: str | None = None  # folder of HF config.json folders; None = built-ins
     gpu_datasheet: str | None = None
+    kernels: str | None = None  # folder of the GPU's measured kernel tables; None = built-in
     validation_fraction: float = 0.2  # temporal holdout per experiment
     max_depth: int = 8
     max_size: int = 40
@@ -27,6 +29,7 @@ class RunConfig:
     replay_weight: float = 1.0  # one replayed metric row against one experiment's step rows
     calibration_rounds: int = 1  # closed-loop refits of the reference trajectories before the search
     refresh_every: int = 0  # generations between trajectory refreshes; 0 = a third of the run
+    efficiency_bounds: list[float] = field(default_factory=lambda: [0.5, 4.0])  # a µs term's coefficient
     closed_loop_checks: int = 6  # front entries validated in the closed loop at the end of a replay run
 
     def to_dict(self) -> dict:
@@ -35,3 +38,16 @@ class RunConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+BOUNDS_HELP = "interval of a µs term's fitted efficiency (default 0.5,4)"
+
+
+def parse_bounds(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(v) for v in text.split(","))
+    except ValueError:
+        raise ArgumentTypeError(f"expected LO,HI (two numbers), got {text!r}") from None
+    if not (0 < lo <= hi < float("inf")):
+        raise ArgumentTypeError(f"expected 0 < LO <= HI, finite, got {text!r}")
+    return lo, hi

@@ -251,6 +251,7 @@ def entry_detail(entry: ArchiveEntry) -> list:
     shown: list = [head]
     if simplified is not None:
         shown += [t for t in (_terms_table(simplified), _cse_table(simplified)) if t is not None]
+    shown.append(efficiency_table(entry))
     objectives = Table(title="Objectives")
     objectives.add_column("objective")
     objectives.add_column("value", justify="right")
@@ -267,7 +268,41 @@ def entry_detail(entry: ArchiveEntry) -> list:
     return shown
 
 
+def efficiency_table(entry: ArchiveEntry):
+    """Each term's fitted coefficient and kind; an efficiency sitting on its bound is flagged."""
+    from fitness.physics_check import term_efficiencies
+    from fitness.scoring import DEFAULT_EFFICIENCY_BOUNDS
+
+    bounds = tuple((entry.run_config or {}).get("efficiency_bounds") or DEFAULT_EFFICIENCY_BOUNDS)
+    rows = [
+        {
+            "term": r["term"],
+            "kind": r["kind"],
+            "coefficient": fmt_number(r["coefficient"]),
+            "flag": f"on the {r['on_bound']} bound ({fmt_number(bounds[r['on_bound'] == 'upper'])})"
+            if r["on_bound"]
+            else ("NEGATIVE" if r["kind"] == "negative time" else ""),
+        }
+        for r in term_efficiencies(entry.expression, bounds)
+    ]
+    if not rows:
+        return "no terms: the expression is a constant"
+    return rows_table(rows, title=f"Fitted efficiencies (µs terms bounded to {bounds[0]:g}-{bounds[1]:g})")
+
+
 # -- validation ---------------------------------------------------------------------------
+# ``validate``'s modes (evolve.validation): mode -> (what the command does, the table's title suffix)
+VALIDATE_MODES: dict[str | None, tuple[str, str]] = {
+    None: ("closed-loop runs", ""),
+    "lomo": ("leave-one-model-out refits and closed-loop runs", "leave one model out"),
+    "lowo": ("leave-one-workload-out refits and closed-loop runs", "leave one workload out"),
+    "stage-transfer": (
+        "low-rate-stage refit and closed-loop runs",
+        "fitted on low-rate stages, checked on high-rate stages",
+    ),
+}
+
+
 def validation_table(result: dict, title: str):
     """Predicted against observed per experiment: the figures a user checks first."""
     from rich.table import Table
@@ -295,7 +330,9 @@ def validation_table(result: dict, title: str):
         t.add_column(col, justify=just)
     for it in result.get("experiments", []):
         name = it["name"].split("-", 2)[-1] if it["name"][:8].isdigit() else it["name"]
-        if it.get("held_out_model"):
+        if "held_out_stage" in it:  # stage transfer: one row per high-rate stage
+            name += f" (stage {it['held_out_stage']})"
+        elif it.get("held_out_model") or it.get("held_out_workload"):
             name += " (held out)"
         t.add_row(
             name,

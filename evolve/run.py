@@ -9,7 +9,7 @@ every generation, in order: trajectory refresh, progress, archiving, checkpointi
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from archive.rundir import RunDir, default_run_dir, record_latest
@@ -21,7 +21,10 @@ from evolve.records import best_entries, record_front
 from evolve.search import Search
 from evolve.validation import closed_loop_check
 from fitness.dataset import build_step_table
+from fitness.kv_sharing import trace_kv_sharing
+from fitness.monotone import MonotoneProbes
 from fitness.scoring import FitnessContext
+from primitives.data.experiments import find_experiments
 from primitives.data.roots import default_data_dir
 from primitives.data.traces import load_steps
 from primitives.deployment import DeploymentResolver
@@ -140,8 +143,22 @@ def prepare_context(config: RunConfig, resolver: DeploymentResolver):
     paths = config.data or [str(default_data_dir())]
     data = load_steps([Path(p) for p in paths])
     names = supported_primitives(data.available_features)
-    table = build_step_table(data, resolver, names, config.validation_fraction)
-    return FitnessContext(table, None, config.replay_weight), names, data
+    kv_sharing = trace_kv_sharing(data, config.experiments, resolver, config.seed)
+    table = build_step_table(data, resolver, names, config.validation_fraction, kv_sharing)
+    deployments = list(table.deployments)
+    if config.experiments:  # the replayed experiments' deployments must be monotone too
+        for spec in find_experiments(Path(config.experiments)):
+            dep = resolver.resolve(spec.model, spec.tp)
+            if dep not in deployments:
+                deployments.append(dep)
+    ctx = FitnessContext(
+        table,
+        None,
+        config.replay_weight,
+        efficiency_bounds=tuple(config.efficiency_bounds),
+        monotone=MonotoneProbes.build(deployments, names),
+    )
+    return ctx, names, data
 
 
 def run_search(config: RunConfig, ui) -> list:
@@ -149,12 +166,11 @@ def run_search(config: RunConfig, ui) -> list:
         config = _resume_config(config)
     else:  # run.json must work from any directory, for --resume
         config.data = [str(Path(p).resolve()) for p in config.data]
-        for name in ("experiments", "model_configs", "gpu_datasheet"):
+        for name in ("experiments", "model_configs", "gpu_datasheet", "kernels"):
             if getattr(config, name):
                 setattr(config, name, str(Path(getattr(config, name)).resolve()))
     resolver = DeploymentResolver.from_options(
-        Path(config.model_configs) if config.model_configs else None,
-        Path(config.gpu_datasheet) if config.gpu_datasheet else None,
+        *(Path(v) if v else None for v in (config.model_configs, config.gpu_datasheet, config.kernels))
     )
     ctx, names, data = prepare_context(config, resolver)
     fingerprint = ctx.steps.fingerprint
@@ -182,7 +198,7 @@ def run_search(config: RunConfig, ui) -> list:
         if config.experiments:
             saved = Search.peek_checkpoint(run_dir.checkpoint).replay_model if resuming else None
             rows, replay_model = calibrated_replay_rows(config, resolver, ctx, names, saved, ui)
-            ctx = FitnessContext(ctx.steps, rows, config.replay_weight)
+            ctx = replace(ctx, replay=rows)
             evaluator.reset(ctx)
         search = Search(config, ctx, names, evaluator)
         if resuming:
@@ -223,6 +239,7 @@ def run_search(config: RunConfig, ui) -> list:
             "status": status,
             "dataset_fingerprint": fingerprint,
             "primitives": names,
+            "kv_sharing": ctx.steps.kv_sharing,
             "run_dir": str(root),
         }
         store.finish_run(run_id, summary, status="finished" if status == "finished" else "interrupted")

@@ -2,30 +2,44 @@
 
 Every experiment under the directory is simulated end to end (``fitness.validate``)
 with the model's step time and overheads; experiments whose results are withheld are
-simulated too, with their observed fields left null. ``--lomo`` refits the
-expression's constants without one model's experiments and validates on that model,
-for each model in turn: the expression's structure is kept, only its coefficients,
-intercept and overheads are refitted (the same least squares as the search), on
-trajectories recorded with the entry itself (teacher forcing).
+simulated too, with their observed fields left null.
+
+Transfer checks refit the expression's constants on part of the data and validate on
+the rest, in the closed loop. The expression's structure is kept; only its coefficients,
+intercept and overheads are refitted (the same least squares as the search,
+``fitness.validate.refit``), on replay rows recorded once with the entry itself
+(teacher forcing). One function (``_transfer``) runs every check; a check is a list of
+folds, each naming the replay rows it fits on and the experiments (or stages) it reports:
+
+* ``lomo``: leave one model out, for each model in turn;
+* ``lowo``: leave one workload out (general, codegen, ...: the end of the experiment's
+  name), across all models, for each workload with results in turn;
+* ``stage-transfer``: fit on the low-rate stages only, report the high-rate stages. An
+  experiment's high-rate stages are those at its highest stage rate, its low-rate stages
+  all the others; only their per-stage rows enter the fit (the whole-run rows contain
+  the high-rate stages). Experiments whose stages all run at one rate (a single stage)
+  have no such split and take no part (``skipped``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
-import sympy as sp
 
 from archive.rundir import RunDir
 from evolve.calibration import refresh_replay_rows, scored_experiments
+from evolve.report import VALIDATE_MODES as MODES
 from evolve.report import plot_predicted_vs_observed
 from fitness.replay_rows import REPLAY_METRICS
-from fitness.scoring import FitnessContext, error_stats, fit_terms
-from fitness.validate import SympyTerm, closed_loop_items, default_jobs, split_terms, summarise
-from primitives.data.experiments import find_experiments
+from fitness.scoring import error_stats
+from fitness.validate import closed_loop_items, default_jobs, refit, split_terms, summarise
+from primitives.data.experiments import ExperimentSpec, find_experiments
 from primitives.deployment import DeploymentResolver
 from primitives.errors import InputError
-from primitives.language import parse_infix, to_infix
+from primitives.language import parse_infix
 
 
 def _plot_path(entry, suffix: str) -> Path:
@@ -36,62 +50,143 @@ def _plot_path(entry, suffix: str) -> Path:
 
 
 def validate_entry(
-    entry, experiments_dir, lomo: bool, resolver: DeploymentResolver, jobs: int | None = None, seed: int = 0
+    entry,
+    experiments_dir,
+    mode: str | None,
+    resolver: DeploymentResolver,
+    jobs: int | None = None,
+    seed: int = 0,
 ) -> dict:
+    """Closed-loop validation of an entry (``mode`` None), or one of the transfer checks (``MODES``)."""
+    if mode not in MODES:
+        raise InputError(mode, "mode", f"expected one of {', '.join(m for m in MODES if m)}")
     experiments_dir = Path(experiments_dir)
     specs = find_experiments(experiments_dir)
     if not specs:
         raise InputError(experiments_dir, None, "no experiment directories (with exp-config.yaml) found here")
-    if lomo:
-        return _lomo(entry, experiments_dir, resolver, jobs, seed)
+    if mode is not None:
+        return _transfer(entry, experiments_dir, mode, resolver, jobs, seed)
     items = closed_loop_items(specs, resolver, entry.expression, entry.overheads, seed, jobs)
     plot = plot_predicted_vs_observed(items, _plot_path(entry, ""), f"{entry.id}: closed-loop validation")
     return {
         "id": entry.id,
         "expression": entry.expression,
+        "mode": "closed-loop",
         "experiments": items,
         "summary": summarise(items),
         "plot": str(plot) if plot else None,
     }
 
 
-def _lomo(entry, experiments_dir: Path, resolver, jobs, seed) -> dict:
-    scored = scored_experiments(experiments_dir)
-    intercept, terms, _ = split_terms(parse_infix(entry.expression))
-    names = sorted({s.name for t in terms for s in t.free_symbols})
-    # trajectories recorded with the entry itself; refits reuse them (teacher forcing)
-    rows = refresh_replay_rows(experiments_dir, resolver, entry, names or ["batch_size"], seed, jobs or default_jobs())
-    fns = [SympyTerm(t) for t in terms]
-    models = sorted(set(rows.models))
-    items: list[dict] = []
-    per_model: dict[str, dict] = {}
-    for held in models:
-        keep = [i for i, m in enumerate(rows.models) if m != held]
-        score = fit_terms(fns, FitnessContext(None, rows.subset(keep)))
-        if not score.ok:
-            raise InputError(entry.id, "expression", f"could not refit without {held}")
-        expr = sp.Float(score.intercept) + sum(
-            (sp.Float(c) * t for c, t in zip(score.coefficients, terms, strict=True)), sp.Integer(0)
+# --- transfer checks ------------------------------------------------------------------
+@dataclass
+class Fold:
+    """One refit of a transfer check: the rows it fits on, what it validates and reports."""
+
+    held: str  # what is held out: a model, a workload, "high-rate stages"
+    keep: Callable[[str, tuple[str, str]], bool]  # (experiment name, (metric, scope)) -> row enters the refit
+    specs: list[ExperimentSpec]  # simulated in the closed loop with the refitted constants
+    report: Callable[[dict], list[dict]] = field(default=lambda item: [item])  # items reported per experiment
+
+
+def group_folds(scored: list[ExperimentSpec], group: Callable[[ExperimentSpec], str]) -> list[Fold]:
+    """Leave one group out: per group, refit on every other group's experiments, validate on its own."""
+    of = {s.name: group(s) for s in scored}
+    return [
+        Fold(g, lambda name, _label, g=g: of[name] != g, [s for s in scored if of[s.name] == g])
+        for g in sorted(set(of.values()))
+    ]
+
+
+def stage_split(spec: ExperimentSpec) -> tuple[list[int], list[int]]:
+    """(low-rate, high-rate) stage indices: high-rate at the highest stage rate, low-rate below it.
+
+    ``([], [])`` when every stage runs at one rate: nothing to transfer from.
+    """
+    rates = [rate for rate, _ in spec.stages]
+    low = [i for i, r in enumerate(rates) if r < max(rates)]
+    return (low, [i for i, r in enumerate(rates) if r == max(rates)]) if low else ([], [])
+
+
+def stage_fold(scored: list[ExperimentSpec]) -> Fold:
+    """Refit on the low-rate stage rows only; report each experiment's high-rate stages."""
+    split = {s.name: stage_split(s) for s in scored if stage_split(s)[0]}
+    fit_scopes = {name: {f"stage_{i}" for i in low} for name, (low, _) in split.items()}
+
+    def report(item: dict) -> list[dict]:
+        keep = ("name", "model", "workload")
+        return [
+            {**{k: item[k] for k in keep}, **st, "held_out_stage": st["stage"]}
+            for st in item["stages"]
+            if st["stage"] in split[item["name"]][1]
+        ]
+
+    return Fold(
+        "high-rate stages",
+        lambda name, label: label[1] in fit_scopes.get(name, ()),
+        [s for s in scored if s.name in split],
+        report,
+    )
+
+
+def transfer_folds(mode: str, scored: list[ExperimentSpec], resolver: DeploymentResolver) -> tuple[str, list[Fold]]:
+    """(what a fold holds out, the folds) of a transfer check."""
+    if mode == "lomo":
+        return "model", group_folds(scored, lambda s: resolver.resolve(s.model, s.tp).model.name)
+    if mode == "lowo":
+        return "workload", group_folds(scored, lambda s: s.workload)
+    fold = stage_fold(scored)
+    if not fold.specs:
+        raise InputError(
+            "--stage-transfer", "load.stages", "no experiment with results has stages at different request rates"
         )
-        held_specs = [s for s in scored if resolver.resolve(s.model, s.tp).model.name == held]
-        got = closed_loop_items(held_specs, resolver, to_infix(expr), score.overheads, seed, jobs)
-        for it in got:
-            it["held_out_model"] = held
-            it["refit_expression"] = to_infix(expr)
+    return "stage", [fold]
+
+
+def _transfer(entry, experiments_dir: Path, mode: str, resolver, jobs, seed) -> dict:
+    scored = scored_experiments(experiments_dir)
+    kind, folds = transfer_folds(mode, scored, resolver)
+    _, terms, _ = split_terms(parse_infix(entry.expression))
+    names = sorted({s.name for t in terms for s in t.free_symbols})
+    # trajectories recorded with the entry itself; every refit reuses them (teacher forcing)
+    rows = refresh_replay_rows(experiments_dir, resolver, entry, names or ["batch_size"], seed, jobs or default_jobs())
+    items: list[dict] = []
+    per_group: dict[str, dict] = {}
+    for fold in folds:
+        keep = lambda e, label, fold=fold: fold.keep(rows.names[e], label)  # noqa: E731
+        fitted = refit(terms, rows, keep, tuple((entry.run_config or {}).get("efficiency_bounds") or (0.5, 4.0)))
+        if fitted is None:
+            raise InputError(entry.id, "expression", f"could not refit its constants without the {fold.held}")
+        expression, overheads = fitted
+        got = []
+        for it in closed_loop_items(fold.specs, resolver, expression, overheads, seed, jobs):
+            for shown in fold.report(it):
+                shown.setdefault(f"held_out_{kind}", fold.held)
+                shown["refit_expression"] = expression
+                shown["refit_overheads"] = overheads
+                got.append(shown)
         items.extend(got)
-        per_model[held] = summarise(got)
+        per_group[fold.held] = summarise(got)
     summary = summarise(items)
-    summary["models"] = per_model
-    summary["e2e_error_mean_over_models"] = float(np.mean([v["e2e_error_mean"] for v in per_model.values()]))
-    plot = plot_predicted_vs_observed(items, _plot_path(entry, "-lomo"), f"{entry.id}: leave one model out")
-    return {
+    if len(folds) > 1:
+        summary[f"{kind}s"] = per_group
+        means = [v["e2e_error_mean"] for v in per_group.values() if "e2e_error_mean" in v]
+        summary[f"e2e_error_mean_over_{kind}s"] = float(np.mean(means)) if means else None
+    result = {
         "id": entry.id,
         "expression": entry.expression,
-        "lomo": True,
+        "mode": mode,
+        "lomo": mode == "lomo",
         "experiments": items,
         "summary": summary,
-        "plot": str(plot) if plot else None,
     }
+    if mode == "stage-transfer":
+        splits = {s.name: stage_split(s) for s in scored}
+        result["stage_split"] = {n: {"fit": lo, "validated": hi} for n, (lo, hi) in splits.items() if lo}
+        result["skipped"] = sorted(n for n, (lo, _) in splits.items() if not lo)
+    plot = plot_predicted_vs_observed(items, _plot_path(entry, f"-{mode}"), f"{entry.id}: {MODES[mode][1]}")
+    result["plot"] = str(plot) if plot else None
+    return result
 
 
 def closed_loop_check(
@@ -118,6 +213,15 @@ def closed_loop_check(
             e.objectives[f"{m}_error_search_estimate"] = e.objectives.get(f"{m}_error")  # linearised replay
             e.objectives[f"{m}_error"] = mean
             e.objectives[f"{m}_error_max"] = worst
+        # failures as a metric: the failed fraction's absolute miss (0 where no experiment fails)
+        missed = [
+            abs(i["failure_fraction_pred"] - i["failure_fraction_obs"])
+            for i in items
+            if i.get("failure_fraction_pred") is not None and i.get("failure_fraction_obs") is not None
+        ]
+        if missed:
+            e.objectives["failure_error"] = float(np.mean(missed))
+            e.objectives["failure_error_max"] = float(np.max(missed))
         e.objectives["closed_loop"] = 1.0
         for i in items:
             e.per_experiment.setdefault(i["name"], {}).update(

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from primitives.compute import constant_columns, features_from_requests, primitive_columns
+from primitives.compute import constant_columns, features_from_requests, kernel_binding, primitive_columns
 from primitives.data.traces import StepData
 from primitives.deployment import Deployment, DeploymentResolver
 from primitives.errors import InputError
@@ -26,6 +26,7 @@ class StepTable:
     deployments: list[Deployment]
     experiment_deployment: list[int]  # deployment index per experiment code
     fingerprint: str
+    kv_sharing: dict[str, float] | None = None  # experiment -> factor applied to the trace's KV
 
     @property
     def n(self) -> int:
@@ -42,6 +43,7 @@ class StepTable:
             deployments=self.deployments,
             experiment_deployment=self.experiment_deployment,
             fingerprint=self.fingerprint,
+            kv_sharing=self.kv_sharing,
         )
 
 
@@ -62,7 +64,13 @@ def build_step_table(
     resolver: DeploymentResolver,
     primitive_names: list[str] | None = None,
     validation_fraction: float = 0.2,
+    kv_sharing: dict[str, float] | None = None,
 ) -> StepTable:
+    """Primitive columns of every step with a cycle-time target.
+
+    ``kv_sharing`` (experiment -> factor, ``fitness.kv_sharing``) scales the block-counted KV
+    of those experiments' aggregate rows to the per-request sum the primitives mean.
+    """
     steps = data.steps
     available = data.available_features
     supported = supported_primitives(available)
@@ -89,6 +97,10 @@ def build_step_table(
             n_steps,
         )
 
+    if data.requests is None and kv_sharing:
+        factor = steps["experiment"].map(kv_sharing).fillna(1.0).to_numpy(dtype=np.float64)
+        feats["kv_tokens"] = feats["kv_tokens"] * factor
+
     target_rows = np.flatnonzero(np.isfinite(steps["cycle_time_us"].to_numpy()))
     exp_names = sorted(steps["experiment"].unique())
     exp_code_all = steps["experiment"].map({e: i for i, e in enumerate(exp_names)}).to_numpy()
@@ -111,7 +123,9 @@ def build_step_table(
     exp_code = exp_code_all[target_rows]
     row_dep = np.asarray(exp_dep, dtype=np.int64)[exp_code]
     consts = constant_columns(deployments, row_dep)
-    cols = primitive_columns({k: v[target_rows] for k, v in feats.items()}, consts, names)
+    cols = primitive_columns(
+        {k: v[target_rows] for k, v in feats.items()}, consts, names, kernel_binding(names, deployments, row_dep)
+    )
     is_train = temporal_split(exp_code, steps["step_id"].to_numpy()[target_rows], validation_fraction)
     return StepTable(
         columns=cols,
@@ -123,4 +137,5 @@ def build_step_table(
         deployments=deployments,
         experiment_deployment=exp_dep,
         fingerprint=data.fingerprint(),
+        kv_sharing=dict(kv_sharing or {}),
     )

@@ -12,18 +12,24 @@ intercepts, the primitives carry the differences.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
+from functools import lru_cache, partial
 from typing import Callable, Mapping
 
 import numpy as np
-from scipy.optimize import nnls
+import sympy as sp
+from scipy.optimize import lsq_linear, nnls
 
 from fitness.dataset import StepTable
+from fitness.monotone import MonotoneProbes
 from fitness.replay_rows import REPLAY_METRICS, ReplayRows
 from fitness.sim.latency_model import FITTED_NON_STEP_NAMES, full_non_step_terms
-from primitives.language import Program, additive_terms, evaluate_program
+from primitives.language import Program, additive_terms, canonical, evaluate_program, program_to_sympy
+from primitives.units import is_efficiency_term
 
 WORST = 1e9  # the score of a candidate that produced NaN/inf or fitted nothing
+
+
+DEFAULT_EFFICIENCY_BOUNDS = (0.5, 4.0)  # a µs term's coefficient: from twice as fast as ideal to 4x slower
 
 
 @dataclass
@@ -31,6 +37,8 @@ class FitnessContext:
     steps: StepTable | None
     replay: ReplayRows | None = None
     replay_weight: float = 1.0  # weight of one replayed metric row against one experiment's step rows
+    efficiency_bounds: tuple[float, float] = DEFAULT_EFFICIENCY_BOUNDS
+    monotone: MonotoneProbes | None = None  # probe steps the fitted model must be monotone on
 
 
 @dataclass
@@ -101,8 +109,12 @@ def _prep(st: StepTable) -> _StepPrep:
     return _PREP[key]
 
 
-def _nnls_normal(A: np.ndarray, b: np.ndarray) -> np.ndarray | None:
-    """min ||A x - b||, x >= 0, through the (k x k) normal equations: fast for tall A."""
+def _bounded_normal(A: np.ndarray, b: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray | None:
+    """min ||A x - b||, lower <= x <= upper, through the (k x k) normal equations: fast for tall A.
+
+    A column that is all zero gets x = 0 (its lower bound would otherwise force a value
+    that the data can not see; an efficiency term that is zero on every row is unused).
+    """
     norms = np.sqrt(np.einsum("ij,ij->j", A, A))
     keep = norms > 1e-12
     if not keep.any():
@@ -110,10 +122,14 @@ def _nnls_normal(A: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     As = A[:, keep] / norms[keep]
     G = As.T @ As
     G[np.diag_indices_from(G)] += 1e-10  # ridge: collinear terms (e.g. constant per deployment)
+    lo, hi = lower[keep] * norms[keep], upper[keep] * norms[keep]
     try:
         L = np.linalg.cholesky(G)
         y = np.linalg.solve(L, As.T @ b)
-        sol, _ = nnls(L.T, y, maxiter=50 * A.shape[1])
+        if np.isinf(hi).all() and not lo.any():
+            sol, _ = nnls(L.T, y, maxiter=50 * A.shape[1])
+        else:
+            sol = np.clip(lsq_linear(L.T, y, bounds=(lo, hi), method="bvls").x, lo, hi)  # bvls may overshoot by ulps
     except (np.linalg.LinAlgError, RuntimeError, ValueError):
         return None
     theta = np.zeros(A.shape[1])
@@ -139,12 +155,32 @@ def score_program(program: Program, ctx: FitnessContext, detail: bool = False) -
     ``detail`` adds per-experiment medians (for the archive), which the search skips.
     """
     terms = additive_terms(program)
+    physics = [_term_physics(canonical(t), t) for t in terms]
+    if any(p is None for p in physics):  # a µs term that subtracts time: a negative efficiency
+        return _worst(program)
     fns = [partial(_program_term, t) for t in terms]
-    score = fit_terms(fns, ctx, detail, [len(t) for t in terms])
+    score = fit_terms(fns, ctx, detail, [len(t) for t in terms], [bool(p) for p in physics])
     if not score.ok:
         return _worst(program)
     score.terms = terms
     return score
+
+
+@lru_cache(maxsize=65536)
+def _term_physics(key: str, term: Program) -> bool | None:
+    """True for an efficiency (µs) term, False for a count term, None for a µs term with a
+    negative part (``a - b`` of two times is a negative efficiency on b)."""
+    return term_physics(program_to_sympy(term))
+
+
+def term_physics(expr: sp.Expr) -> bool | None:
+    if not is_efficiency_term(expr):
+        return False
+    for part in sp.Add.make_args(sp.expand(expr)):
+        coef, rest = part.as_coeff_Mul()
+        if coef < 0 and is_efficiency_term(rest):
+            return None
+    return True
 
 
 def _program_term(term: Program, columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
@@ -152,12 +188,18 @@ def _program_term(term: Program, columns: Mapping[str, np.ndarray], n: int) -> n
 
 
 def fit_terms(
-    term_fns: list[TermFn], ctx: FitnessContext, detail: bool = False, term_sizes: list[int] | None = None
+    term_fns: list[TermFn],
+    ctx: FitnessContext,
+    detail: bool = False,
+    term_sizes: list[int] | None = None,
+    efficiency_terms: list[bool] | None = None,
 ) -> Score:
-    """Fit ``intercept + sum(coef_i * term_i)`` (coefficients >= 0) and measure its errors.
+    """Fit ``intercept + sum(coef_i * term_i)`` and measure its errors.
 
     Each term is a function of primitive columns; the search passes evolved programs,
-    leave-one-model-out passes the terms of an archived expression.
+    leave-one-model-out passes the terms of an archived expression. Coefficients are
+    >= 0; those of efficiency terms (``efficiency_terms[i]``: a time in µs) lie inside
+    ``ctx.efficiency_bounds``. A fit that is not monotone on ``ctx.monotone`` scores worst.
     """
     terms = list(term_fns)
     st = ctx.steps
@@ -206,12 +248,19 @@ def fit_terms(
     b = np.concatenate(blocks_b)
     if not np.isfinite(A).all():
         return _worst()
-    theta = _nnls_normal(A, b)
+    lower, upper = np.zeros(A.shape[1]), np.full(A.shape[1], np.inf)
+    lo_eff, hi_eff = ctx.efficiency_bounds
+    for j, is_eff in enumerate(efficiency_terms or [False] * k):
+        if is_eff:
+            lower[j], upper[j] = lo_eff, hi_eff
+    theta = _bounded_normal(A, b, lower, upper)
     if theta is None:
         return _worst()
     coefs, intercept, over = theta[:k], float(theta[k]), theta[k + 1 :]
     probes = ctx.replay.probes if ctx.replay is not None else None
     if probes is not None and not _positive_on(probes, terms, theta[: k + 1]):
+        return _worst()
+    if ctx.monotone is not None and not ctx.monotone.holds(lambda cols, n: _design(terms, cols, n) @ theta[: k + 1]):
         return _worst()
     complexity = model_complexity(term_sizes or [1] * k, list(coefs), intercept)
 

@@ -4,7 +4,15 @@ Every experiment is simulated with the model's step time and non-step terms
 (``fitness.sim.engine``); experiments whose results are withheld are simulated too,
 with their observed fields left null. The expression of an archived model can also be
 split into its additive terms (``split_terms``, ``SympyTerm``) for a refit of its
-constants (``evolve.validation``: leave one model out).
+constants on chosen replay rows (``refit``; ``evolve.validation``: leave one model or
+workload out, stage transfer).
+
+Each item compares the whole run and, under ``stages``, every load stage (the simulator's
+requests split by stage against ``results/stage_<N>_lifecycle_metrics.json``). Failures
+are a metric too: ``failure_fraction_*`` is failed over all requests (predicted: the
+simulator's client-side failures, i.e. timeouts and never-runnable requests; observed:
+``failures.count`` over successes plus failures), and the summaries give the absolute
+difference in percentage points.
 """
 
 from __future__ import annotations
@@ -15,8 +23,8 @@ import numpy as np
 import sympy as sp
 from joblib import Parallel, delayed
 
-from fitness.replay_rows import OBSERVED_FIELDS, REPLAY_METRICS
-from fitness.scoring import error_stats
+from fitness.replay_rows import OBSERVED_FIELDS, REPLAY_METRICS, ReplayRows
+from fitness.scoring import DEFAULT_EFFICIENCY_BOUNDS, FitnessContext, error_stats, fit_terms, term_physics
 from fitness.sim.engine import simulate
 from fitness.sim.models import ExpressionLatencyModel
 from primitives.data.experiments import ExperimentSpec
@@ -28,23 +36,50 @@ def default_jobs() -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
+def failure_fraction(metrics) -> float | None:
+    """Failed requests over all requests of lifecycle metrics (None without any request)."""
+    if metrics is None:
+        return None
+    total = metrics.successes + metrics.failures
+    return metrics.failures / total if total else None
+
+
+def compare(pred, obs) -> dict:
+    """Predicted against observed lifecycle metrics (whole run or one stage): means, signed errors, failures."""
+    out: dict = {}
+    for m in REPLAY_METRICS:
+        p = getattr(pred, OBSERVED_FIELDS[m]) if pred is not None else None
+        o = getattr(obs, OBSERVED_FIELDS[m]) if obs is not None else None
+        out[f"{m}_mean_pred_s"] = p
+        out[f"{m}_mean_obs_s"] = o
+        out[f"{m}_error"] = (p / o - 1.0) if (p is not None and o) else None
+    out["successes_pred"] = int(pred.successes) if pred is not None else None
+    out["failures_pred"] = int(pred.failures) if pred is not None else None
+    out["failures_obs"] = int(obs.failures) if obs is not None else None
+    out["failure_fraction_pred"] = failure_fraction(pred)
+    out["failure_fraction_obs"] = failure_fraction(obs)
+    return out
+
+
 def closed_loop_item(spec: ExperimentSpec, deployment, expression: str, overheads: dict, seed: int = 0) -> dict:
-    """One experiment simulated with a model; predicted against observed (signed errors)."""
+    """One experiment simulated with a model; predicted against observed (signed errors), per stage too."""
     model = ExpressionLatencyModel(expression, deployment, overheads)
     result = simulate(spec, deployment, model, seed=seed, record=False)
-    pred = result.metrics.summary
-    obs = spec.observed.summary if spec.observed is not None else None
+    pred, obs = result.metrics, spec.observed
     item: dict = {"name": spec.name, "model": deployment.model.name, "workload": spec.workload}
-    for m in REPLAY_METRICS:
-        p = getattr(pred, OBSERVED_FIELDS[m])
-        o = getattr(obs, OBSERVED_FIELDS[m]) if obs is not None else None
-        item[f"{m}_mean_pred_s"] = p
-        item[f"{m}_mean_obs_s"] = o
-        item[f"{m}_error"] = (p / o - 1.0) if (p is not None and o) else None
-    item["successes_pred"] = int(pred.successes)
-    item["failures_pred"] = int(pred.failures)
-    item["failures_obs"] = int(obs.failures) if obs is not None else None
+    item.update(compare(pred.summary, obs.summary if obs is not None else None))
     item["preemptions_pred"] = int(result.total_preemptions)
+    item["stages"] = [
+        {
+            "stage": i,
+            "rate_per_s": rate,
+            **compare(
+                pred.stages[i] if i < len(pred.stages) else None,
+                obs.stages[i] if obs is not None and i < len(obs.stages) else None,
+            ),
+        }
+        for i, (rate, _) in enumerate(spec.stages)
+    ]
     return item
 
 
@@ -66,13 +101,53 @@ def closed_loop_items(
 
 
 def summarise(items: list[dict]) -> dict:
-    """Mean and max absolute error of each metric over the experiments with results."""
+    """Mean and max absolute error of each metric over the items with results, and of the
+    failure fraction's difference in percentage points."""
     out: dict = {"experiments": len(items), "with_results": 0}
     for m, (mean, worst, n) in error_stats({m: [i.get(f"{m}_error") for i in items] for m in REPLAY_METRICS}).items():
         out["with_results"] = n
         out[f"{m}_error_mean"] = mean
         out[f"{m}_error_max"] = worst
+    diffs = [
+        100.0 * abs(i["failure_fraction_pred"] - i["failure_fraction_obs"])
+        for i in items
+        if i.get("failure_fraction_pred") is not None and i.get("failure_fraction_obs") is not None
+    ]
+    out["failure_fraction_diff_pp_mean"] = float(np.mean(diffs)) if diffs else None
+    out["failure_fraction_diff_pp_max"] = float(np.max(diffs)) if diffs else None
     return out
+
+
+def refit(
+    terms: list[sp.Expr], rows: ReplayRows, keep, bounds: tuple[float, float] = DEFAULT_EFFICIENCY_BOUNDS
+) -> tuple[str, dict] | None:
+    """Refit ``intercept + sum(coef * term)`` and the fitted overheads on some replay rows only.
+
+    ``keep(e, label)`` says whether row ``label = (metric, scope)`` of experiment ``e`` of
+    ``rows`` enters the fit (the others count as unobserved; experiments left without a
+    row are dropped). Returns the refitted expression (infix) and overheads, or None when
+    nothing is left to fit or the least squares fails.
+    """
+    observed, kept = [], []
+    for e, labels in enumerate(rows.labels):
+        mask = np.array([bool(keep(e, lab)) for lab in labels], dtype=bool)
+        obs = np.where(mask, rows.observed_us[e], np.nan)
+        if np.isfinite(obs).any():
+            observed.append(obs)
+            kept.append(e)
+    if not kept:
+        return None
+    sub = rows.subset(kept)
+    sub.observed_us = observed
+    efficiency = [bool(term_physics(t)) for t in terms]  # the search's bounds hold in refits too
+    ctx = FitnessContext(None, sub, efficiency_bounds=tuple(bounds))
+    score = fit_terms([SympyTerm(t) for t in terms], ctx, efficiency_terms=efficiency)
+    if not score.ok:
+        return None
+    expr = sp.Float(score.intercept) + sum(
+        (sp.Float(c) * t for c, t in zip(score.coefficients, terms, strict=True)), sp.Integer(0)
+    )
+    return to_infix(expr), dict(score.overheads)
 
 
 def split_terms(expr: sp.Expr) -> tuple[float, list[sp.Expr], list[float]]:

@@ -13,10 +13,12 @@ import numpy as np
 import sympy as sp
 
 from .deployment import Deployment
+from .kernels import KernelTables
 from .registry import (
     CONSTANT_UNITS,
     FEATURE_BY_NAME,
     FEATURES,
+    KERNEL_ARITY,
     PHASES,
     PRIMITIVE_BY_NAME,
     REQUEST_FIELDS,
@@ -34,14 +36,28 @@ def _phase_fn(phase: str):
     return sp.lambdify(REQUEST_FIELDS, PHASES[phase], modules="numpy")
 
 
+def _plain(expr: sp.Expr) -> sp.Expr:
+    return expr.subs({s: sp.Symbol(s.name) for s in expr.free_symbols})
+
+
 @lru_cache(maxsize=None)
-def _primitive_fn(name: str):
+def _primitive_parts(name: str, module: str = "numpy"):
+    """The primitive as (outer function, its argument names, kernel calls).
+
+    A measured-kernel lookup can not be lambdified (its tables belong to a deployment),
+    so each call is cut out: ``calls`` lists (kernel name, function of the arguments,
+    argument names), and its result enters the outer function as ``__kernel<i>``.
+    """
     p = PRIMITIVE_BY_NAME[name]
-    args = sorted(p.features) + sorted(p.constants)
-    fn = sp.lambdify(
-        [sp.Symbol(a) for a in args], p.expr.subs({s: sp.Symbol(s.name) for s in p.expr.free_symbols}), modules="numpy"
-    )
-    return fn, args
+    expr = _plain(p.expr)
+    calls = []
+    for i, call in enumerate(sorted((f for f in expr.atoms(sp.Function) if f.func.__name__ in KERNEL_ARITY), key=str)):
+        inner = sorted({s.name for a in call.args for s in a.free_symbols})
+        fn = sp.lambdify([sp.Symbol(a) for a in inner], list(call.args), modules=module)
+        calls.append((call.func.__name__, fn, inner))
+        expr = expr.subs(call, sp.Symbol(f"__kernel{i}"))
+    args = sorted(s.name for s in expr.free_symbols)
+    return sp.lambdify([sp.Symbol(a) for a in args], expr, modules=module), args, calls
 
 
 def features_from_requests(
@@ -80,14 +96,48 @@ def primitive_columns(
     features: Mapping[str, np.ndarray],
     constants: Mapping[str, float | np.ndarray],
     names: list[str],
+    kernels: KernelTables | tuple[list[KernelTables], np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Evaluate primitives over feature columns; constants may be scalars or per-row arrays."""
+    """Evaluate primitives over feature columns; constants may be scalars or per-row arrays.
+
+    ``kernels`` serves the measured-kernel lookups: one deployment's tables, or a list
+    of tables with each row's index into it (datasets that mix deployments).
+    """
     n = len(next(iter(features.values()))) if features else len(np.atleast_1d(next(iter(constants.values()))))
     out = {}
     for name in names:
-        fn, args = _primitive_fn(name)
-        values = [features[a] if a in FEATURE_BY_NAME else constants[a] for a in args]
-        out[name] = np.broadcast_to(np.asarray(fn(*values), dtype=np.float64), (n,)).copy()
+        fn, args, calls = _primitive_parts(name)
+        values = {**constants, **features}
+        for i, (kernel, arg_fn, inner) in enumerate(calls):
+            call_args = [
+                np.broadcast_to(np.asarray(a, dtype=np.float64), (n,)) for a in arg_fn(*[values[a] for a in inner])
+            ]
+            values[f"__kernel{i}"] = _lookup(kernels, kernel, call_args, n, name)
+        out[name] = np.broadcast_to(np.asarray(fn(*[values[a] for a in args]), dtype=np.float64), (n,)).copy()
+    return out
+
+
+def kernel_binding(names: list[str], deployments: list[Deployment], row_deployment: np.ndarray | None = None):
+    """The ``kernels`` argument of ``primitive_columns`` for these deployments (None if unused)."""
+    if not any(PRIMITIVE_BY_NAME[n].kernels for n in names):
+        return None
+    if row_deployment is None:
+        (only,) = deployments
+        return only.kernels
+    return [d.kernels for d in deployments], np.asarray(row_deployment, dtype=np.int64)
+
+
+def _lookup(kernels, kernel: str, args: list[np.ndarray], n: int, primitive: str) -> np.ndarray:
+    if kernels is None:
+        raise ValueError(f"primitive {primitive!r} needs measured kernel tables")
+    if isinstance(kernels, KernelTables):
+        return kernels.functions()[kernel](*args)
+    tables, row_index = kernels
+    out = np.zeros(n)
+    for j, table in enumerate(tables):
+        rows = row_index == j
+        if rows.any():
+            out[rows] = table.functions()[kernel](*[a[rows] for a in args])
     return out
 
 
@@ -96,15 +146,6 @@ def constant_columns(deployments: list[Deployment], row_deployment: np.ndarray) 
     table = np.array([[d.constants[k] for k in CONSTANT_UNITS] for d in deployments], dtype=np.float64)
     rows = table[np.asarray(row_deployment, dtype=np.int64)]
     return {k: rows[:, i] for i, k in enumerate(CONSTANT_UNITS)}
-
-
-@lru_cache(maxsize=None)
-def _scalar_primitive_fn(name: str):
-    """The primitive as a function of scalars (math module): cheap per simulated step."""
-    p = PRIMITIVE_BY_NAME[name]
-    args = sorted(p.features) + sorted(p.constants)
-    expr = p.expr.subs({s: sp.Symbol(s.name) for s in p.expr.free_symbols})
-    return sp.lambdify([sp.Symbol(a) for a in args], expr, modules="math"), args
 
 
 class BatchPrimitives:
@@ -118,6 +159,8 @@ class BatchPrimitives:
     def __init__(self, deployment: Deployment, names: list[str]):
         self.names = list(names)
         self.constants = deployment.constants
+        needs_kernels = any(PRIMITIVE_BY_NAME[n].kernels for n in self.names)
+        self._kernels = deployment.kernels.functions() if needs_kernels else {}
         needed: set[str] = set()
         for n in self.names:
             needed |= PRIMITIVE_BY_NAME[n].features
@@ -128,8 +171,7 @@ class BatchPrimitives:
         self._phases = sorted({ph for _, _, ph, _ in self._features if ph is not None})
         self._prims = []
         for n in self.names:
-            fn, args = _scalar_primitive_fn(n)
-            self._prims.append((n, fn, args))
+            self._prims.append((n, *_primitive_parts(n, "math")))
 
     def scalars(self, progress, new_tokens, input_len, output_len) -> dict[str, float]:
         cols = tuple(np.asarray(c, dtype=np.float64) for c in (progress, new_tokens, input_len, output_len))
@@ -146,7 +188,12 @@ class BatchPrimitives:
                 values[name] = float(v.sum())
             else:
                 values[name] = float(v.max()) if len(v) else 0.0
-        return {n: float(fn(*[values[a] for a in args])) for n, fn, args in self._prims}
+        out = {}
+        for n, fn, args, calls in self._prims:
+            for i, (kernel, arg_fn, inner) in enumerate(calls):
+                values[f"__kernel{i}"] = self._kernels[kernel](*arg_fn(*[values[a] for a in inner]))
+            out[n] = float(fn(*[values[a] for a in args]))
+        return out
 
     def __call__(self, progress, new_tokens, input_len, output_len) -> dict[str, np.ndarray]:
         return {k: np.array([v]) for k, v in self.scalars(progress, new_tokens, input_len, output_len).items()}
@@ -156,5 +203,6 @@ __all__ = [
     "features_from_requests",
     "primitive_columns",
     "constant_columns",
+    "kernel_binding",
     "BatchPrimitives",
 ]

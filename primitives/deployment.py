@@ -8,13 +8,14 @@ generator both read those constants.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
 from .builtin import BUILTIN_GPUS, BUILTIN_MODEL_CONFIGS, DEFAULT_GPU
 from .errors import InputError
 from .files import read_mapping
+from .kernels import KernelTables, builtin_kernel_dir, kernel_tables, measured_kernels
 
 KV_BLOCK_TOKENS = 16
 GIB = 1 << 30
@@ -110,6 +111,7 @@ class GpuSpec:
     hbm_bytes_per_s: float
     nvlink_bytes_per_s: float
     memory_bytes: float
+    kernel_dir: str | None = None  # measured kernel tables (``primitives.kernels``); None: none measured
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,15 @@ class Deployment:
     @property
     def kv_bytes_per_token_per_gpu(self) -> float:
         return self.model.kv_bytes_per_token / self.tp
+
+    @property
+    def kernels(self) -> KernelTables:
+        """The step-cost lookups built from the GPU's measured kernels, for this model and TP."""
+        if self.gpu.kernel_dir is None:
+            raise InputError(
+                self.gpu.name, "--kernels", "no measured kernel tables for this GPU (give a folder like H100's)"
+            )
+        return kernel_tables(self.gpu.kernel_dir, self.model, self.tp)
 
     def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
         """KV-cache tokens that fit per GPU, rounded down to whole 16-token blocks."""
@@ -224,12 +235,14 @@ def gpu_from_datasheet(sheet: dict, path: object = "<built-in>") -> GpuSpec:
     tflops = get("compute", key)
     if compute.get("with_sparsity", False):
         tflops /= 2.0  # datasheets list the 2:4-sparsity figure; dense is half
+    name = str(sheet.get("name") or Path(str(path)).stem)
     return GpuSpec(
-        name=str(sheet.get("name") or Path(str(path)).stem),
+        name=name,
         dense_flops_per_s=tflops * 1e12,
         hbm_bytes_per_s=get("memory", "bandwidth_tb_s") * 1e12,
         nvlink_bytes_per_s=get("interconnect", "nvlink_bandwidth_gb_s") * 1e9,
         memory_bytes=get("memory", "capacity_gb") * GIB,  # an "80 GB" H100 holds 80 GiB
+        kernel_dir=builtin_kernel_dir(name),
     )
 
 
@@ -306,13 +319,19 @@ class DeploymentResolver:
             self.gpus = {n: gpu_from_datasheet(s) for n, s in BUILTIN_GPUS.items()}
 
     @classmethod
-    def from_options(cls, model_configs: Path | None = None, gpu_datasheet: Path | None = None) -> "DeploymentResolver":
+    def from_options(
+        cls, model_configs: Path | None = None, gpu_datasheet: Path | None = None, kernels: Path | None = None
+    ) -> "DeploymentResolver":
         catalog = ModelCatalog.from_dir(model_configs) if model_configs else ModelCatalog.builtin()
         resolver = cls(catalog=catalog)
         if gpu_datasheet:
             gpu = gpu_from_datasheet(read_mapping(gpu_datasheet, "json"), gpu_datasheet)
             resolver.gpus[gpu.name] = gpu
             resolver.default_gpu = gpu.name
+        if kernels:
+            measured_kernels(str(Path(kernels).resolve()))  # a bad folder fails here, in one line
+            default = resolver.gpus[resolver.default_gpu]
+            resolver.gpus[default.name] = replace(default, kernel_dir=str(Path(kernels).resolve()))
         return resolver
 
     def gpu(self, name: str | None) -> GpuSpec:

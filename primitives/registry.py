@@ -99,6 +99,10 @@ CONSTANT_UNITS = {
     "moe_topk_ratio": "ratio",
 }
 C = {name: sp.Symbol(name, positive=True) for name in CONSTANT_UNITS}
+# Lookups in the deployment's measured-kernel tables (``primitives.kernels``): the
+# numpy evaluator binds them to the deployment's tables, the Go generator embeds them.
+KERNEL_ARITY = {"kernel_gemm_us": 1, "kernel_decode_attention_us": 2, "kernel_prefill_attention_us": 1}
+K = {name: sp.Function(name) for name in KERNEL_ARITY}
 F = {f.name: f.symbol for f in FEATURES}
 
 _total_tokens = F["prefill_tokens"] + F["decode_tokens"]
@@ -121,6 +125,11 @@ class Primitive:
     @property
     def constants(self) -> frozenset[str]:
         return frozenset(s.name for s in self.expr.free_symbols if s.name in CONSTANT_UNITS)
+
+    @property
+    def kernels(self) -> frozenset[str]:
+        """The measured-kernel lookups the expression calls."""
+        return frozenset(f.func.__name__ for f in self.expr.atoms(sp.Function) if f.func.__name__ in KERNEL_ARITY)
 
     @property
     def needs_per_request(self) -> bool:
@@ -171,6 +180,28 @@ PRIMITIVES: tuple[Primitive, ...] = (
         "calls",
         2 * C["n_layers"] * _tp_gt_1,
         "all-reduce launches per step, latency-bound at decode (zero at TP1)",
+    ),
+    Primitive(
+        "gemm_time_us",
+        "us",
+        K["kernel_gemm_us"](_total_tokens),
+        "measured matmul time of every projection of every layer at m = the step's tokens (MoE: top-k routing)",
+    ),
+    Primitive(
+        "decode_attention_time_us",
+        "us",
+        K["kernel_decode_attention_us"](
+            F["num_decode_reqs"], (F["kv_tokens"] - F["prefill_tokens"]) / sp.Max(F["num_decode_reqs"], 1)
+        ),
+        "measured decode attention of the step's decode requests, every layer, at their mean context: the"
+        " batch's KV tokens but this step's prefill chunks (prefill requests' cached prefixes are read too)",
+    ),
+    Primitive(
+        "prefill_attention_time_us",
+        "us",
+        F["num_prefill_reqs"]
+        * K["kernel_prefill_attention_us"](F["prefill_tokens"] / sp.Max(F["num_prefill_reqs"], 1)),
+        "measured causal prefill attention of each prefill chunk (mean chunk length), every layer",
     ),
     Primitive("n_layers", "layers", C["n_layers"], "transformer layers"),
     Primitive("tp", "GPUs", C["tp"], "tensor-parallel degree"),

@@ -170,8 +170,8 @@ def test_unwritable_json_fails_before_work(project: Path, monkeypatch, capsys):
 
 
 def test_validate(project: Path, monkeypatch, capsys):
-    def validate_entry(entry, experiments_dir, lomo, resolver):
-        assert lomo is True and experiments_dir == "exps"
+    def validate_entry(entry, experiments_dir, mode, resolver):
+        assert mode == "lomo" and experiments_dir == "exps"
         item = {
             "name": "a",
             "e2e_mean_pred_s": 1.05,
@@ -198,6 +198,29 @@ def test_validate(project: Path, monkeypatch, capsys):
     assert "+5.0%" in out and "+10.0%" in out and "leave one model out" in out
     assert main(["validate", ENTRY.id, "--experiments", "nowhere"]) == 2
     assert "no such directory" in one_error_line(capsys)
+
+
+def test_validate_transfer_modes_are_mutually_exclusive(project: Path, monkeypatch, capsys):
+    seen = []
+
+    def validate_entry(entry, experiments_dir, mode, resolver):
+        seen.append(mode)
+        return {
+            "summary": {"e2e_error_mean": 0.0, "workloads": {"codegen": {"e2e_error_mean": 0.0}}},
+            "experiments": [],
+        }
+
+    fake_module(monkeypatch, "evolve.validation", validate_entry=validate_entry)
+    (project / "exps").mkdir()
+    for flag, mode in [("--lowo", "lowo"), ("--stage-transfer", "stage-transfer"), (None, None)]:
+        args = ["validate", ENTRY.id, "--experiments", "exps", "--json", "v.json"] + ([flag] if flag else [])
+        assert main(args) == 0
+        saved = json.loads((project / "v.json").read_text())
+        assert seen[-1] == mode and saved["mode"] == (mode or "closed-loop") and saved["lomo"] is False
+    assert "per held-out workload" in " ".join(capsys.readouterr().out.split())
+    assert main(["validate", ENTRY.id, "--experiments", "exps", "--lomo", "--lowo"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+    assert len(seen) == 3
 
 
 def test_export_go(project: Path, monkeypatch, capsys):

@@ -29,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from primitives.compute import features_from_requests, primitive_columns
+from primitives.compute import features_from_requests, kernel_binding, primitive_columns
 from primitives.deployment import default_resolver
 from primitives.language import (
     OPERATORS,
@@ -108,7 +108,9 @@ def primitive_table(batches: list[np.ndarray], deployment) -> dict[str, np.ndarr
     rows = np.concatenate(batches).astype(np.int64)
     step = np.repeat(np.arange(n), sizes)
     feats = features_from_requests(step, rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], n)
-    cols = primitive_columns(feats, dict(deployment.constants), PRIMITIVE_NAMES)
+    cols = primitive_columns(
+        feats, dict(deployment.constants), PRIMITIVE_NAMES, kernel_binding(PRIMITIVE_NAMES, [deployment])
+    )
     return {k: np.broadcast_to(np.asarray(v, dtype=np.float64), (n,)).copy() for k, v in cols.items()}
 
 

@@ -14,7 +14,7 @@ from evolve.search import Search
 from evolve.toolbox import build_pset, tree_to_program
 from fitness.dataset import StepTable
 from fitness.scoring import FitnessContext, score_program
-from primitives.compute import constant_columns, primitive_columns
+from primitives.compute import constant_columns, kernel_binding, primitive_columns
 from primitives.deployment import default_resolver
 from primitives.language import canonical
 from primitives.registry import AGGREGATE_FEATURES, supported_primitives
@@ -39,7 +39,7 @@ def planted_table(n=3000, seed=0, noise=0.02):
         "kv_tokens": decode * rng.uniform(300, 900, n),
     }
     names = supported_primitives(AGGREGATE_FEATURES)
-    cols = primitive_columns(feats, constant_columns(deps, exp), names)
+    cols = primitive_columns(feats, constant_columns(deps, exp), names, kernel_binding(names, deps, exp))
     truth = 1.3 * cols["weight_time_us"] + 1.5 * cols["kv_io_time_us"] + 40 * cols["allreduce_calls"] + 1500.0
     target = truth * rng.lognormal(0, noise, n)
     order = np.arange(n)

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from archive.entry import ArchiveEntry
@@ -17,7 +18,10 @@ EXPR = "2000.0 + 1.1*weight_time_us + 1.3*kv_io_time_us + 30.0*allreduce_calls"
 OVERHEADS = {"queueing_base_us": 8000.0}
 
 
-def write_experiment(root, name, model, tp, rate=2.0, duration=10, output_len=40, max_num_seqs=128):
+def write_experiment(
+    root, name, model, tp, rate=2.0, duration=10, output_len=40, max_num_seqs=128, stages=None, timeout=None
+):
+    """An experiment folder; ``stages`` [(rate, duration), ...] overrides the single stage."""
     d = root / name
     (d / "results").mkdir(parents=True)
     (d / "exp-config.yaml").write_text(
@@ -35,29 +39,40 @@ def write_experiment(root, name, model, tp, rate=2.0, duration=10, output_len=40
                 "output_len": output_len,
             },
         },
-        "load": {"type": "constant", "stages": [{"rate": rate, "duration": duration}]},
+        "load": {
+            "type": "constant",
+            "stages": [{"rate": r, "duration": t} for r, t in (stages or [(rate, duration)])],
+        },
     }
+    if timeout is not None:
+        cfg["load"]["request_timeout"] = timeout
     (d / "profile.yaml").write_text(json.dumps(cfg))
     return d
 
 
-def observe(d, expression=EXPR, overheads=OVERHEADS):
-    """Write the lifecycle metrics that the closed loop itself predicts as 'observed'."""
-    spec = load_experiment(d)
-    dep = default_resolver().resolve(spec.model, spec.tp)
-    m = simulate(spec, dep, ExpressionLatencyModel(expression, dep, overheads), seed=0, record=False).metrics.summary
+def _metrics_json(m) -> dict:
     lat = {
         "request_latency": m.e2e_mean_s,
         "time_to_first_token": m.ttft_mean_s,
         "inter_token_latency": m.itl_mean_s,
         "time_per_output_token": m.tpot_mean_s,
     }
-    summary = {
+    return {
         "successes": {"count": m.successes, "latency": {k: {"mean": v} for k, v in lat.items()}},
         "failures": {"count": m.failures},
     }
-    (d / "results" / "summary_lifecycle_metrics.json").write_text(json.dumps(summary))
-    return m
+
+
+def observe(d, expression=EXPR, overheads=OVERHEADS):
+    """Write the lifecycle metrics (summary and stages) that the closed loop itself predicts as 'observed'."""
+    spec = load_experiment(d)
+    dep = default_resolver().resolve(spec.model, spec.tp)
+    metrics = simulate(spec, dep, ExpressionLatencyModel(expression, dep, overheads), seed=0, record=False).metrics
+    (d / "results" / "summary_lifecycle_metrics.json").write_text(json.dumps(_metrics_json(metrics.summary)))
+    if len(spec.stages) > 1:
+        for i, st in enumerate(metrics.stages):
+            (d / "results" / f"stage_{i}_lifecycle_metrics.json").write_text(json.dumps(_metrics_json(st)))
+    return metrics.summary
 
 
 def entry(expression=EXPR):
@@ -79,7 +94,7 @@ def test_validate_reproduces_its_own_observations_and_keeps_withheld_runs(tmp_pa
     a = write_experiment(tmp_path, "exp-a-llama-2-7b-tp1-general", "meta-llama/Llama-2-7b-hf", 1)
     write_experiment(tmp_path, "exp-b-llama-2-7b-tp1-reasoning", "meta-llama/Llama-2-7b-hf", 1, output_len=60)
     observed = observe(a)
-    res = validate_entry(entry(), tmp_path, False, default_resolver(), jobs=1)
+    res = validate_entry(entry(), tmp_path, None, default_resolver(), jobs=1)
     items = {i["name"]: i for i in res["experiments"]}
     got = items["exp-a-llama-2-7b-tp1-general"]
     assert got["e2e_mean_obs_s"] == pytest.approx(observed.e2e_mean_s)
@@ -102,8 +117,8 @@ def test_lomo_refits_without_the_held_out_model(tmp_path, monkeypatch):
     ]:
         for rate, workload in [(1.0, "codegen"), (4.0, "general")]:
             observe(write_experiment(tmp_path, f"{name}-{workload}", model, tp, rate=rate, duration=8, output_len=30))
-    res = validate_entry(entry(), tmp_path, True, default_resolver(), jobs=1)
-    assert res["lomo"] is True
+    res = validate_entry(entry(), tmp_path, "lomo", default_resolver(), jobs=1)
+    assert res["lomo"] is True and res["mode"] == "lomo"
     assert {i["held_out_model"] for i in res["experiments"]} == {
         "Llama-2-7b-hf",
         "CodeLlama-34b-Instruct-hf",
@@ -208,3 +223,112 @@ def test_linearise_keeps_the_recording_and_plain_teacher_forcing():
     assert np.allclose(lw[0], w[0]) and lf[0] == pytest.approx(fixed[0])  # gain 1 = teacher forcing
     other = rec * 1.02
     assert np.allclose((lw @ other + lf) - (w @ rec + fixed), np.array([1.0, 2.5, 8.0]) * (w @ (other - rec)))
+
+
+# --- failures as a metric, leave one workload out, stage transfer ----------------------
+LLAMA_7B, LLAMA_70B = ("meta-llama/Llama-2-7b-hf", 1), ("meta-llama/Llama-2-70b-hf", 4)
+
+
+def test_validate_reports_failure_fractions(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    a = write_experiment(tmp_path, "exp-a-llama-2-7b-tp1-general", *LLAMA_7B, rate=3.0, duration=8)
+    m = observe(a)
+    summary = json.loads((a / "results" / "summary_lifecycle_metrics.json").read_text())
+    summary["failures"]["count"] = m.successes // 3  # the server lost a quarter of the requests
+    (a / "results" / "summary_lifecycle_metrics.json").write_text(json.dumps(summary))
+    # a 10 ms client timeout: no request can finish, in the simulator as in the 'observation'
+    observe(write_experiment(tmp_path, "exp-b-llama-2-7b-tp1-codegen", *LLAMA_7B, rate=3.0, duration=8, timeout=0.01))
+    write_experiment(tmp_path, "exp-c-llama-2-7b-tp1-reasoning", *LLAMA_7B, rate=3.0, duration=8)
+    res = validate_entry(entry(), tmp_path, None, default_resolver(), jobs=1)
+    items = {i["name"].split("-")[1]: i for i in res["experiments"]}
+    assert items["a"]["failure_fraction_pred"] == 0.0
+    assert items["a"]["failure_fraction_obs"] == pytest.approx((m.successes // 3) / (m.successes + m.successes // 3))
+    assert items["b"]["failure_fraction_pred"] == 1.0 and items["b"]["failure_fraction_obs"] == 1.0
+    assert items["c"]["failure_fraction_pred"] == 0.0 and items["c"]["failure_fraction_obs"] is None
+    assert [st["stage"] for st in items["a"]["stages"]] == [0]
+    assert items["a"]["stages"][0]["failure_fraction_pred"] == 0.0
+    diff_a = 100 * items["a"]["failure_fraction_obs"]
+    assert res["summary"]["failure_fraction_diff_pp_max"] == pytest.approx(diff_a)
+    assert res["summary"]["failure_fraction_diff_pp_mean"] == pytest.approx(diff_a / 2)
+
+
+def spy_on_refits(monkeypatch) -> list[dict[str, set]]:
+    """Per refit: experiment -> the (metric, scope) rows that entered the least squares."""
+    import fitness.validate as fv
+
+    calls: list[dict[str, set]] = []
+    real = fv.fit_terms
+
+    def fit_terms(terms, ctx, *args, **kwargs):
+        rp = ctx.replay
+        calls.append(
+            {
+                name: {lab for lab, o in zip(labels, obs, strict=True) if np.isfinite(o)}
+                for name, labels, obs in zip(rp.names, rp.labels, rp.observed_us, strict=True)
+            }
+        )
+        return real(terms, ctx, *args, **kwargs)
+
+    monkeypatch.setattr(fv, "fit_terms", fit_terms)
+    return calls
+
+
+def test_lowo_holds_out_each_workload_exactly_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for (model, tp), short in [(LLAMA_7B, "llama-2-7b-tp1"), (LLAMA_70B, "llama-2-70b-tp4")]:
+        for rate, workload in [(1.0, "codegen"), (2.0, "roleplay"), (4.0, "general")]:
+            observe(
+                write_experiment(tmp_path, f"e-{short}-{workload}", model, tp, rate=rate, duration=8, output_len=30)
+            )
+        write_experiment(tmp_path, f"e-{short}-reasoning", model, tp, rate=1.0, duration=4)  # withheld results
+    calls = spy_on_refits(monkeypatch)
+    res = validate_entry(entry(), tmp_path, "lowo", default_resolver(), jobs=1)
+    assert res["mode"] == "lowo" and res["lomo"] is False
+    held = [i["held_out_workload"] for i in res["experiments"]]
+    assert sorted(held) == ["codegen"] * 2 + ["general"] * 2 + ["roleplay"] * 2  # once each, on its own runs
+    assert all(i["workload"] == i["held_out_workload"] for i in res["experiments"])
+    assert set(res["summary"]["workloads"]) == {"codegen", "general", "roleplay"}
+    assert res["summary"]["e2e_error_mean_over_workloads"] >= 0
+    # three refits, each on every experiment with results but the held-out workload's
+    assert len(calls) == 3
+    for fitted, workload in zip(calls, ["codegen", "general", "roleplay"], strict=True):
+        assert {n.rsplit("-", 1)[-1] for n in fitted} == {"codegen", "general", "roleplay"} - {workload}
+        assert len(fitted) == 4  # two models each: every row of them (single-stage runs: the whole-run rows)
+        assert all(labels == {(m, "all") for m in ("e2e", "ttft", "itl")} for labels in fitted.values())
+    assert "failure_fraction_pred" in res["experiments"][0] and "failure_fraction_diff_pp_max" in res["summary"]
+
+
+def test_stage_split():
+    from evolve.validation import stage_split
+
+    def spec(*rates):
+        return type("Spec", (), {"stages": tuple((r, 60.0) for r in rates)})()
+
+    assert stage_split(spec(5.0, 10.0)) == ([0], [1])
+    assert stage_split(spec(10.0, 5.0)) == ([1], [0])
+    assert stage_split(spec(2.0, 8.0, 8.0, 4.0)) == ([0, 3], [1, 2])
+    assert stage_split(spec(6.0)) == ([], []) and stage_split(spec(4.0, 4.0)) == ([], [])
+
+
+def test_stage_transfer_fits_on_low_rate_stages_only(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for (model, tp), short in [(LLAMA_7B, "llama-2-7b-tp1"), (LLAMA_70B, "llama-2-70b-tp4")]:
+        for workload, stages in [("codegen", [(1.0, 6), (3.0, 6)]), ("general", [(2.0, 6), (5.0, 6)])]:
+            observe(write_experiment(tmp_path, f"e-{short}-{workload}", model, tp, output_len=30, stages=stages))
+        observe(write_experiment(tmp_path, f"e-{short}-roleplay", model, tp, rate=2.0, duration=6, output_len=30))
+    calls = spy_on_refits(monkeypatch)
+    res = validate_entry(entry(), tmp_path, "stage-transfer", default_resolver(), jobs=1)
+    assert len(calls) == 1
+    fitted = calls[0]
+    assert len(fitted) == 4 and not any(n.endswith("roleplay") for n in fitted)  # single-rate runs: no split
+    for labels in fitted.values():
+        assert labels == {(m, "stage_0") for m in ("e2e", "ttft", "itl")}  # no whole-run rows, no high stage
+    assert sorted(res["skipped"]) == ["e-llama-2-70b-tp4-roleplay", "e-llama-2-7b-tp1-roleplay"]
+    assert all(v == {"fit": [0], "validated": [1]} for v in res["stage_split"].values())
+    # reported: each split experiment's high-rate stage, against its stage_1 file
+    assert len(res["experiments"]) == 4
+    for it in res["experiments"]:
+        assert it["stage"] == it["held_out_stage"] == 1 and it["rate_per_s"] in (3.0, 5.0)
+        assert it["e2e_mean_obs_s"] is not None and it["failure_fraction_obs"] == 0.0
+        assert abs(it["e2e_error"]) < 0.10  # the law that made the observations is in the expression's span
+    assert res["summary"]["experiments"] == 4 and res["summary"]["failure_fraction_diff_pp_max"] == 0.0

@@ -26,6 +26,7 @@ from primitives.registry import (
     REQUEST_GO_FIELDS,
 )
 from translate_go.goformat import format_go_expr
+from translate_go.kernels import kernels_source
 from translate_go.printer import (
     RESERVED,
     GoCodePrinter,
@@ -229,7 +230,12 @@ def step_function_source(func_name: str, expr: sp.Expr, doc: list[str] | None = 
         "\n".join(lines) + "\n",
         uses_math=printer.uses_math or reg_printer.uses_math,
         uses_pdiv=printer.uses_pdiv or reg_printer.uses_pdiv,
-        extra={"primitives": prims, "features": feats, "constants": required_constants(prims)},
+        extra={
+            "primitives": prims,
+            "features": feats,
+            "constants": required_constants(prims),
+            "kernels": sorted(reg_printer.kernels | printer.kernels),
+        },
     )
 
 
@@ -254,10 +260,13 @@ def program_sources(
     feat_src = features_source(feats)
     const_src = constants_source(deployment, consts)
     uses_pdiv = any(f.uses_pdiv for f in funcs)
-    parts = [s for s in (const_src.text, feat_src.text, OPERATORS["pdiv"].go_helper if uses_pdiv else "") if s]
+    kernels = sorted({k for f in funcs for k in f.extra["kernels"]})
+    kernel_src = kernels_source(deployment, kernels)
+    pdiv_src = OPERATORS["pdiv"].go_helper if uses_pdiv else ""
+    parts = [s for s in (const_src.text, feat_src.text, kernel_src, pdiv_src) if s]
     functions = GoSnippet(
         "\n".join(f.text for f in funcs),
-        uses_math=any(f.uses_math for f in funcs) or feat_src.uses_math or uses_pdiv,
+        uses_math=any(f.uses_math for f in funcs) or feat_src.uses_math or uses_pdiv or bool(kernels),
         uses_pdiv=uses_pdiv,
         extra={"primitives": prims, "features": feats, "constants": consts},
     )

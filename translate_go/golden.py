@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 import sympy as sp
 
-from primitives.compute import features_from_requests, primitive_columns
+from primitives.compute import features_from_requests, kernel_binding, primitive_columns
 from primitives.deployment import Deployment
 from primitives.language import evaluate_expr
 from translate_go.codegen import expression_primitives, required_features
@@ -118,7 +118,11 @@ def python_step_time_us(expr: sp.Expr, deployment: Deployment, batches: Sequence
     feats = features_from_requests(
         step_index, rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], n, names=required_features(prims)
     )
-    cols = primitive_columns(feats, dict(deployment.constants), prims) if prims else {}
+    cols = (
+        primitive_columns(feats, dict(deployment.constants), prims, kernel_binding(prims, [deployment]))
+        if prims
+        else {}
+    )
     # Constant-only primitives come back with one row; give every column n rows.
     cols = {k: np.broadcast_to(np.asarray(v, dtype=np.float64), (n,)).copy() for k, v in cols.items()}
     cols.setdefault("_rows", np.zeros(n))  # evaluate_expr reads n from the first column

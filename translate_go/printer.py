@@ -26,6 +26,7 @@ from sympy.printing.c import C99CodePrinter
 from sympy.printing.precedence import PRECEDENCE, precedence
 
 from primitives.language import OPERATORS
+from primitives.registry import KERNEL_ARITY
 
 GO_KEYWORDS = frozenset(
     "break case chan const continue default defer else fallthrough for func go goto if import "
@@ -39,7 +40,8 @@ GO_PREDECLARED = frozenset(
 # Names the generated code itself uses at package or function level.
 GENERATED_NAMES = frozenset(
     "math strconv testing flate base64 binary strings bufio os io fmt pdiv batch f r Request Model "
-    "LatencyModel NewModel reduceBatch batchFeatures stepTimeUs".split()
+    "LatencyModel NewModel reduceBatch batchFeatures stepTimeUs kernelLerp kernelLookup1D kernelLookup2D "
+    "kernelGemmUs kernelDecodeAttentionUs kernelPrefillAttentionUs".split()
 )
 RESERVED = GO_KEYWORDS | GO_PREDECLARED | GENERATED_NAMES
 
@@ -101,6 +103,7 @@ class GoCodePrinter(C99CodePrinter):
         self.names = dict(names or {})
         self.uses_math = False
         self.uses_pdiv = False
+        self.kernels: set[str] = set()  # measured-kernel lookups called (translate_go.kernels)
 
     def parenthesize(self, item, level, strict=False):
         # Non-negative numbers print as one float literal: never wrap them ("(0.5)*x").
@@ -266,6 +269,11 @@ class GoCodePrinter(C99CodePrinter):
         raise GoPrintError("ITE must be lowered to if/else first (use lower_statements)")
 
     def _print_Function(self, expr):
+        name = expr.func.__name__
+        if name in KERNEL_ARITY:
+            self.kernels.add(name)
+            self.uses_math = True
+            return f"{go_camel(name)}({', '.join(self._print(a) for a in expr.args)})"
         raise GoPrintError(f"function {expr.func.__name__}() has no Go translation")
 
     def _print_not_supported(self, expr):

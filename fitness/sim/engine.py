@@ -167,7 +167,8 @@ class _ClosedLoop:
         t_model = float(self.step_time(*batch[:4]))
         cycle = t_model + self.sched_us + n_pre * self.preempt_us
         T = self.T
-        self.steps.add(T, t_model, cycle, n_pre, T == self.prev_end and not self.synced, T == self.prev_end, batch)
+        follows, gapless = T == self.prev_end and not self.synced, T == self.prev_end
+        self.steps.add(T, t_model, cycle, n_pre, follows, gapless, batch, sched.kv.total - sched.kv.free())
         self.synced = False
         sched.release_finishing()  # their output was processed while this step ran
         self.T = T + cycle
@@ -222,6 +223,7 @@ class _ClosedLoop:
                 step_time_us=np.array(steps.time),
                 step_cycle_us=cyc,
                 step_preemptions=np.array(steps.preemptions, dtype=np.int32),
+                step_kv_block_tokens=np.array(steps.kv_held_blocks, dtype=np.int64) * BLOCK,
                 next_contiguous=gapless,
                 output_delayed=next_contig,
                 step_offsets=np.array(steps.offsets, dtype=np.int64),

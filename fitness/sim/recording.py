@@ -3,6 +3,11 @@
 With ``record=True`` the simulator returns a :class:`Trajectory`: every step's batch in CSR
 form and every request's path through the steps, from which ``fitness.sim.replay`` re-times
 the run for other step times without re-simulating.
+
+KV has two meanings here. The ``kv_tokens`` feature sums every request's context (what
+attention reads: a shared prefix is read by each request that holds it);
+``Trajectory.step_kv_block_tokens`` counts distinct blocks, as vLLM's block counters (and so
+the real step traces) do. ``kv_sharing_factor`` relates the two.
 """
 
 from __future__ import annotations
@@ -67,6 +72,9 @@ class Trajectory:
     step_time_us: np.ndarray
     step_cycle_us: np.ndarray
     step_preemptions: np.ndarray
+    # KV tokens in distinct blocks held after scheduling (what vLLM's kv.blocks_* count:
+    # a shared prefix once), beside the per-request sum the features hold
+    step_kv_block_tokens: np.ndarray
     next_contiguous: np.ndarray
     output_delayed: np.ndarray
     step_offsets: np.ndarray
@@ -188,6 +196,7 @@ class StepLog:
         self.time: list[float] = []
         self.cycle: list[float] = []
         self.preemptions: list[int] = []
+        self.kv_held_blocks: list[int] = []  # distinct KV blocks requests hold (shared prefixes once)
         self.follows: list[bool] = []  # step k was launched while step k-1 ran (k-1's outputs delayed)
         self.gapless: list[bool] = []  # step k started right at the end of step k-1
         self.offsets: list[int] = [0]
@@ -199,9 +208,18 @@ class StepLog:
         return len(self.start)
 
     def add(
-        self, start_us: float, time_us: float, cycle_us: float, preemptions: int, follows: bool, gapless: bool, batch
+        self,
+        start_us: float,
+        time_us: float,
+        cycle_us: float,
+        preemptions: int,
+        follows: bool,
+        gapless: bool,
+        batch,
+        kv_held_blocks: int,
     ) -> None:
         self.start.append(start_us)
+        self.kv_held_blocks.append(kv_held_blocks)
         self.time.append(time_us)
         self.cycle.append(cycle_us)
         self.preemptions.append(preemptions)
@@ -231,3 +249,14 @@ def enqueue_positions(enq_us, start, cycle, status):
     frac[ok] = fr
     wait_from[ok] = s + 1
     return enq_step, frac, wait_from
+
+
+def kv_sharing_factor(traj: Trajectory) -> float:
+    """Per-request KV tokens over KV tokens in distinct blocks, over a recorded run's steps.
+
+    Turns a trace's block count (shared prefixes once) into the per-request sum that the
+    ``kv_tokens`` feature means, for a run of the same workload.
+    """
+    kv = traj.features(["kv_tokens"])["kv_tokens"]
+    held = traj.step_kv_block_tokens.astype(np.float64)
+    return float(kv.sum() / held.sum()) if held.sum() > 0 else 1.0

@@ -1,0 +1,85 @@
+"""The measured-kernel primitives against the datasheet ones, on the real step traces.
+
+For each pair (new primitive, the old ones it replaces) one fixed-structure model is
+fitted on the training rows of the two real step traces (first 80% of each experiment in
+time; trace KV scaled to per-request sums, ``fitness.kv_sharing``) with the search's own
+least squares (efficiencies bounded, counts >= 0), and judged on the held-out last 20%:
+
+* old:  ``c0 + a*weight_time_us + b*matmul_time_us + c*kv_io_time_us + d*allreduce_calls``
+* new:  ``c0 + a*gemm_time_us + b*decode_attention_time_us + c*prefill_attention_time_us
+  + d*allreduce_calls``
+
+It prints a markdown table: each efficiency (what the fit says the real step costs
+against the primitive's ideal or measured-kernel time), per-step MAPE on each holdout.
+
+Usage::
+
+    python benchmarks/primitives_table.py [--shared DIR] [--no-kv-sharing]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fitness.dataset import build_step_table  # noqa: E402
+from fitness.kv_sharing import trace_kv_sharing  # noqa: E402
+from fitness.physics_check import term_efficiencies  # noqa: E402
+from fitness.scoring import FitnessContext, fit_terms, term_physics  # noqa: E402
+from fitness.validate import SympyTerm, split_terms  # noqa: E402
+from primitives.data.roots import shared_data_root  # noqa: E402
+from primitives.data.traces import load_steps  # noqa: E402
+from primitives.deployment import default_resolver  # noqa: E402
+from primitives.language import parse_infix  # noqa: E402
+
+MODELS = {
+    "old (datasheet)": "weight_time_us + matmul_time_us + kv_io_time_us + allreduce_calls + 1",
+    "new (measured kernels)": "gemm_time_us + decode_attention_time_us + prefill_attention_time_us"
+    " + allreduce_calls + 1",
+    "both": "weight_time_us + gemm_time_us + decode_attention_time_us + prefill_attention_time_us + kv_io_time_us"
+    " + allreduce_calls + 1",
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--shared", type=Path, default=None, help="the shared folder (default: $STEPSYNTH_SHARED or ../shared)"
+    )
+    ap.add_argument("--no-kv-sharing", action="store_true", help="fit on the traces' distinct-block KV as is")
+    args = ap.parse_args()
+    root = (args.shared or shared_data_root()) / "data"
+    data = load_steps([root / "steps"])
+    resolver = default_resolver()
+    sharing = {} if args.no_kv_sharing else trace_kv_sharing(data, root / "experiments", resolver, 0)
+    names = sorted({s.name for text in MODELS.values() for s in parse_infix(text).free_symbols})
+    table = build_step_table(data, resolver, names, 0.2, sharing)
+    print(f"KV sharing factors applied to the traces: {sharing or 'none'}\n")
+    exps = [e.split("-tp")[0].split("-", 2)[-1] for e in table.experiment_names]
+    print("| model | term | efficiency / cost | " + " | ".join(f"holdout MAPE {e}" for e in exps) + " |")
+    print("|---|---|---|" + "---|" * len(exps))
+    for label, text in MODELS.items():
+        _, terms, _ = split_terms(parse_infix(text))
+        score = fit_terms(
+            [SympyTerm(t) for t in terms],
+            FitnessContext(table),
+            detail=True,
+            efficiency_terms=[bool(term_physics(t)) for t in terms],
+        )
+        fitted = " + ".join(f"{c!r}*{t}" for c, t in zip(score.coefficients, terms, strict=True))
+        rows = term_efficiencies(f"{score.intercept!r} + {fitted}")
+        mape = [score.per_experiment[e]["step_mape"] for e in table.experiment_names]
+        for i, r in enumerate(rows):
+            flag = f" (on the {r['on_bound']} bound)" if r["on_bound"] else ""
+            value = f"{r['coefficient']:.3g}{' x' if r['kind'] == 'efficiency' else ' µs each'}{flag}"
+            cells = [f"{m:.2%}" for m in mape] if i == 0 else [""] * len(mape)
+            print(f"| {label if i == 0 else ''} | `{r['term']}` | {value} | " + " | ".join(cells) + " |")
+        print(f"| | intercept | {score.intercept:.0f} µs | " + " | ".join([""] * len(mape)) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,313 @@
+"""Measured GPU kernel timings, turned into per-deployment step-cost tables.
+
+The measured tables (``data/kernels/<gpu>/``: bf16 matmuls by m x k x n, decode
+attention by batch x context per head configuration and TP, prefill attention by
+sequence length; see that folder's README) are single-kernel facts about the GPU.
+For one deployment they become three small lookup tables, each already summed over
+every layer and priced per GPU:
+
+* ``kernel_gemm_us(tokens)``: every projection matmul of every layer at m = tokens
+  (QKV, output, gated MLP; for MoE the expected experts a batch touches under top-k
+  routing, each at the tokens it receives, plus the router).
+* ``kernel_decode_attention_us(requests, context)``: decode attention of that many
+  requests, each with ``context`` cached tokens.
+* ``kernel_prefill_attention_us(chunk)``: causal prefill attention of one chunk.
+
+How the measurements are stretched (documented here once, printed in RESULTS):
+
+* matmul: a shape off the measured (k, n) grid uses the nearest grid shape's
+  latency curve (in log k, log n) scaled by k*n/(k_grid*n_grid), so it keeps the
+  measured efficiency at each m. Interpolation is linear in log m / log latency;
+  below the smallest m the latency stays at its weight-bound floor, above the
+  largest it grows in proportion to m (compute bound).
+* decode attention: linear in log batch / log context / log latency between
+  measured points; below the smallest context, a straight line through the two
+  shortest contexts, never below the table's fastest call (the launch floor);
+  above the longest context or largest batch, proportional (memory bound). A head
+  configuration without a table uses the one with the nearest per-GPU heads,
+  scaled by the ratio of per-GPU KV heads.
+* prefill attention: the table has no TP degree; the heads split across GPUs, so
+  the per-GPU time is the table's over TP. No launch floor: vLLM runs one attention
+  kernel per layer for the whole mixed batch, whose launch the decode lookup prices.
+  Below the shortest sequence the first segment's log-log slope continues; above
+  the longest, the time grows with the square of the length.
+
+The three lookups are then sampled on uniform log2 grids, so that evaluating them
+(numpy here, Go in ``translate_go``) is the same arithmetic: linear interpolation of
+log2(latency) in log2(x), clamped at the grid's ends, and 0 for no work. Every
+table is made monotone (more work never takes less time): a point is lowered to the
+fastest time measured for more work, which drops warm-up outliers (a 38 µs decode call
+at batch 1 that takes 23 µs with four times the context).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
+
+BUILTIN_KERNEL_GPUS = {"h100sxm": "h100", "h100": "h100"}
+
+
+def builtin_kernel_dir(gpu_name: str) -> str | None:
+    """The packaged tables for a GPU name, if any (only the H100 SXM is measured)."""
+    key = "".join(c for c in gpu_name.lower() if c.isalnum())
+    folder = BUILTIN_KERNEL_GPUS.get(key)
+    if folder is None:
+        return None
+    return str(resources.files("primitives.data") / "kernels" / folder)
+
+
+# --- uniform log2 grids: the one lookup arithmetic ----------------------------
+
+
+@dataclass(frozen=True)
+class LogGrid:
+    """x = 2**(start + i*step) for i in 0..count-1."""
+
+    start: float
+    step: float
+    count: int
+
+    @property
+    def points(self) -> np.ndarray:
+        return np.exp2(self.start + self.step * np.arange(self.count))
+
+
+def _lerp_index(grid: LogGrid, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    u = (np.log2(np.maximum(x, 1e-300)) - grid.start) / grid.step
+    u = np.clip(u, 0.0, grid.count - 1.0)
+    i = np.minimum(np.floor(u).astype(np.int64), grid.count - 2)
+    return i, u - i
+
+
+@dataclass(frozen=True)
+class Table1D:
+    """log2(latency) sampled on a log2 grid of x."""
+
+    grid: LogGrid
+    log2_us: tuple[float, ...]
+
+    def __call__(self, x):
+        scalar = np.ndim(x) == 0
+        x = np.asarray(x, dtype=np.float64)
+        i, t = _lerp_index(self.grid, x)
+        y = np.asarray(self.log2_us)
+        out = np.where(x > 0, np.exp2(y[i] * (1 - t) + y[i + 1] * t), 0.0)
+        return float(out) if scalar else out
+
+
+@dataclass(frozen=True)
+class Table2D:
+    """log2(latency) on a log2 grid of x (rows) by a log2 grid of y (columns)."""
+
+    x_grid: LogGrid
+    y_grid: LogGrid
+    log2_us: tuple[tuple[float, ...], ...]
+
+    def __call__(self, x, y):
+        scalar = np.ndim(x) == 0 and np.ndim(y) == 0
+        x, y = np.broadcast_arrays(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
+        i, s = _lerp_index(self.x_grid, x)
+        j, t = _lerp_index(self.y_grid, y)
+        z = np.asarray(self.log2_us)
+        v = (z[i, j] * (1 - t) + z[i, j + 1] * t) * (1 - s) + (z[i + 1, j] * (1 - t) + z[i + 1, j + 1] * t) * s
+        out = np.where((x > 0) & (y > 0), np.exp2(v), 0.0)
+        return float(out) if scalar else out
+
+
+TOKEN_GRID = LogGrid(0.0, 0.25, 4 * 17 + 1)  # 1 .. 131,072 tokens
+BATCH_GRID = LogGrid(0.0, 0.5, 2 * 10 + 1)  # 1 .. 1,024 requests
+CONTEXT_GRID = LogGrid(4.0, 0.5, 2 * 13 + 1)  # 16 .. 131,072 tokens
+
+
+# --- the measured tables -------------------------------------------------------
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    try:
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+    except OSError as exc:
+        raise InputError(path, None, f"cannot read kernel table ({exc.strerror})") from None
+
+
+def _number(row: dict, key: str, path: Path) -> float:
+    try:
+        value = float(row[key])
+    except (KeyError, TypeError, ValueError):
+        raise InputError(path, key, f"expected a number, got {row.get(key)!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise InputError(path, key, f"expected a positive finite number, got {value!r}")
+    return value
+
+
+def _loglog(x: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """Linear in log-log inside [xs[0], xs[-1]] (callers extend outside)."""
+    return np.exp2(np.interp(np.log2(x), np.log2(xs), np.log2(ys)))
+
+
+class MeasuredKernels:
+    """The raw measurements of one GPU, read from a kernels folder."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        gemm_path = self.directory / "gemm.csv"
+        if not gemm_path.is_file():
+            raise InputError(self.directory, "gemm.csv", "expected a kernels folder with gemm.csv")
+        curves: dict[tuple[float, float], list[tuple[float, float]]] = {}
+        for row in _read_csv(gemm_path):
+            shape = (_number(row, "k", gemm_path), _number(row, "n", gemm_path))
+            curves.setdefault(shape, []).append((_number(row, "m", gemm_path), _number(row, "latency_us", gemm_path)))
+        self.gemm = {s: np.array(sorted(v)).T for s, v in curves.items()}
+        self._decode: dict[tuple[int, int, int, int], Path] = {}
+        for p in sorted((self.directory / "attention_decode").glob("*-*-*-tp*.csv")):
+            h, kv, d, tp = p.stem.split("-")
+            self._decode[(int(h), int(kv), int(d), int(tp[2:]))] = p
+        self._prefill: dict[tuple[int, int, int], Path] = {}
+        for p in sorted((self.directory / "attention_prefill").glob("*-*-*.csv")):
+            h, kv, d = p.stem.split("-")
+            self._prefill[(int(h), int(kv), int(d))] = p
+        if not self._decode or not self._prefill:
+            raise InputError(self.directory, "attention_decode", "expected decode and prefill attention tables")
+
+    # matmul ----------------------------------------------------------------
+    def gemm_us(self, m: np.ndarray, k: float, n: float) -> np.ndarray:
+        m = np.asarray(m, dtype=np.float64)
+        shape = min(self.gemm, key=lambda s: (math.log(s[0] / k) ** 2 + math.log(s[1] / n) ** 2, s))
+        ms, lat = self.gemm[shape]
+        inside = _loglog(np.clip(m, ms[0], ms[-1]), ms, lat)
+        above = lat[-1] * m / ms[-1]  # compute bound beyond the largest measured m
+        us = np.where(m > ms[-1], above, inside)
+        return np.where(m > 0, us * (k * n) / (shape[0] * shape[1]), 0.0)
+
+    # attention -------------------------------------------------------------
+    def _nearest(self, table: dict, q_per_gpu: float, kv_per_gpu: float, head_dim: int, tp: int | None):
+        def distance(key):
+            h, kv, d = key[:3]
+            t = key[3] if len(key) > 3 else 1
+            return (d != head_dim, abs(math.log(h / t / q_per_gpu)) + abs(math.log(kv / t / kv_per_gpu)), key)
+
+        candidates = [k for k in table if tp is None or len(k) == 3 or k[3] == tp] or list(table)
+        return min(candidates, key=distance)
+
+    def decode_us(self, n_heads: int, n_kv_heads: int, head_dim: int, tp: int, batch, context):
+        """(len(batch), len(context)) per-layer latencies, and the table's launch floor."""
+        key = (n_heads, n_kv_heads, head_dim, tp)
+        if key not in self._decode:
+            key = self._nearest(self._decode, n_heads / tp, n_kv_heads / tp, head_dim, None)
+        path = self._decode[key]
+        scale = (n_kv_heads / tp) / (key[1] / key[3])
+        rows: dict[float, list[tuple[float, float]]] = {}
+        for row in _read_csv(path):
+            rows.setdefault(_number(row, "batch_size", path), []).append(
+                (_number(row, "kv_len", path), _number(row, "latency_us", path))
+            )
+        floor = min(v for pts in rows.values() for _, v in pts)
+        batches = np.array(sorted(rows))
+        context = np.asarray(context, dtype=np.float64)
+
+        def along_context(b: float) -> np.ndarray:
+            kvs, lat = np.array(sorted(rows[b])).T
+            inside = _loglog(np.clip(context, kvs[0], kvs[-1]), kvs, lat)
+            slope = (lat[1] - lat[0]) / (kvs[1] - kvs[0]) if len(kvs) > 1 else 0.0
+            below = np.maximum(floor, lat[0] - slope * (kvs[0] - context))
+            above = lat[-1] * context / kvs[-1]
+            return np.where(context < kvs[0], below, np.where(context > kvs[-1], above, inside))
+
+        per_batch = np.array([along_context(b) for b in batches])  # (measured batches, contexts)
+        out = np.empty((len(batch), len(context)))
+        for i, b in enumerate(np.asarray(batch, dtype=np.float64)):
+            if b >= batches[-1]:
+                out[i] = per_batch[-1] * b / batches[-1]  # memory bound beyond the largest batch
+            else:
+                lb = np.log2(max(b, batches[0]))
+                out[i] = np.exp2([np.interp(lb, np.log2(batches), np.log2(col)) for col in per_batch.T])
+        return np.maximum(floor, out * scale), floor
+
+    def prefill_us(self, n_heads: int, n_kv_heads: int, head_dim: int, tp: int, seq_len) -> np.ndarray:
+        key = (n_heads, n_kv_heads, head_dim)
+        if key not in self._prefill:
+            key = self._nearest(self._prefill, float(n_heads), float(n_kv_heads), head_dim, None)
+        path = self._prefill[key]
+        pts = np.array(sorted((_number(r, "seq_len", path), _number(r, "latency_us", path)) for r in _read_csv(path)))
+        ss, lat = pts.T
+        s = np.asarray(seq_len, dtype=np.float64)
+        first_slope = math.log(lat[1] / lat[0]) / math.log(ss[1] / ss[0])
+        inside = _loglog(np.clip(s, ss[0], ss[-1]), ss, lat)
+        below = lat[0] * (s / ss[0]) ** first_slope
+        above = lat[-1] * (s / ss[-1]) ** 2
+        us = np.where(s < ss[0], below, np.where(s > ss[-1], above, inside))
+        return us * (n_heads / key[0]) / tp
+
+
+@lru_cache(maxsize=8)
+def measured_kernels(directory: str) -> MeasuredKernels:
+    return MeasuredKernels(directory)
+
+
+@dataclass(frozen=True)
+class KernelTables:
+    """One deployment's step-cost lookups (all layers, per GPU); see the module doc."""
+
+    gemm: Table1D
+    decode_attention: Table2D
+    prefill_attention: Table1D
+
+    def functions(self) -> dict:
+        """The lookups under the names the primitive registry calls them by."""
+        return {
+            "kernel_gemm_us": self.gemm,
+            "kernel_decode_attention_us": self.decode_attention,
+            "kernel_prefill_attention_us": self.prefill_attention,
+        }
+
+
+def _monotone(values: np.ndarray, axis: int) -> np.ndarray:
+    """Each point lowered to the fastest time at more work along ``axis``."""
+    flipped = np.flip(values, axis=axis)
+    return np.flip(np.minimum.accumulate(flipped, axis=axis), axis=axis)
+
+
+def _log2_table(values: np.ndarray) -> tuple:
+    values = _monotone(np.maximum(values, 1e-6), axis=-1)
+    return tuple(np.log2(values).round(9).tolist())
+
+
+def step_matmul_us(kernels: MeasuredKernels, model, tp: int, tokens: np.ndarray) -> np.ndarray:
+    """Every projection of every layer at m = tokens, per GPU (Megatron-style TP shards)."""
+    h, d = model.hidden_size, model.head_dim
+    q_o = model.n_heads * d
+    qkv = (model.n_heads + 2 * model.n_kv_heads) * d
+    per_layer = kernels.gemm_us(tokens, h, qkv / tp) + kernels.gemm_us(tokens, q_o / tp, h)
+    inter = model.intermediate_size
+    if model.is_moe:
+        e, k = model.n_experts, model.experts_per_tok
+        touched = e * (1.0 - (1.0 - k / e) ** tokens)  # expected experts hit by top-k routing
+        per_expert = tokens * k / np.maximum(touched, 1e-9)
+        experts = kernels.gemm_us(per_expert, h, 2 * inter / tp) + kernels.gemm_us(per_expert, inter / tp, h)
+        per_layer = per_layer + touched * experts + kernels.gemm_us(tokens, h, e)
+    else:
+        per_layer = per_layer + kernels.gemm_us(tokens, h, 2 * inter / tp) + kernels.gemm_us(tokens, inter / tp, h)
+    return model.n_layers * per_layer
+
+
+@lru_cache(maxsize=64)
+def kernel_tables(directory: str, model, tp: int) -> KernelTables:
+    """The lookups of one (model, TP) on the GPU whose kernels are in ``directory``."""
+    k = measured_kernels(directory)
+    tokens = TOKEN_GRID.points
+    gemm = Table1D(TOKEN_GRID, _log2_table(step_matmul_us(k, model, tp, tokens)))
+    heads = (model.n_heads, model.n_kv_heads, model.head_dim, tp)
+    decode, _ = k.decode_us(*heads, BATCH_GRID.points, CONTEXT_GRID.points)
+    decode = _monotone(decode * model.n_layers, axis=0)  # monotone in batch, then in context
+    decode_t = Table2D(BATCH_GRID, CONTEXT_GRID, tuple(_log2_table(row) for row in decode))
+    prefill = k.prefill_us(*heads, tokens) * model.n_layers
+    return KernelTables(gemm, decode_t, Table1D(TOKEN_GRID, _log2_table(prefill)))

@@ -1,0 +1,101 @@
+"""Physically bounded constants: units of terms, efficiency bounds, negative times, monotone probes,
+and the KV semantics of block-counted traces."""
+
+from __future__ import annotations
+
+import pytest
+from test_search import planted_table
+from test_sim_scheduler import DEP, ConstModel, spec_
+
+from fitness.monotone import MonotoneProbes
+from fitness.physics_check import monotone_on_probes, term_efficiencies
+from fitness.scoring import FitnessContext, score_program
+from fitness.sim.engine import simulate
+from fitness.sim.recording import kv_sharing_factor
+from primitives.deployment import default_resolver
+from primitives.language import parse_infix
+from primitives.units import MICROSECONDS, is_efficiency_term, term_unit
+
+R = default_resolver()
+V = lambda name: ("var", name)  # noqa: E731
+OP = lambda name: ("op", name)  # noqa: E731
+
+
+@pytest.mark.parametrize(
+    "text,efficiency",
+    [
+        ("weight_time_us", True),
+        ("moe_touched_fraction*weight_time_us", True),
+        ("Max(gemm_time_us, weight_time_us)", True),
+        ("sqrt(Abs(kv_io_time_us*weight_time_us))", True),
+        ("pdiv(num_prefill_reqs, kv_io_time_us)", False),
+        ("n_layers*tp", False),
+        ("kv_tokens + weight_time_us", False),  # mixed units: a count term, not an efficiency
+        ("log(1 + Abs(kv_tokens))", False),
+    ],
+)
+def test_term_units(text, efficiency):
+    assert is_efficiency_term(parse_infix(text)) is efficiency
+    assert (term_unit(parse_infix(text)) == MICROSECONDS) is efficiency
+
+
+def test_efficiency_is_held_inside_its_bounds():
+    table = planted_table(noise=0.0)  # truth: 1.3 weight + 1.5 kv_io + 40 calls + 1500
+    prog = (OP("add"), OP("add"), V("weight_time_us"), V("kv_io_time_us"), V("allreduce_calls"))
+    free = score_program(prog, FitnessContext(table))
+    assert free.coefficients == pytest.approx([1.3, 1.5, 40.0], rel=1e-6)
+    tight = score_program(prog, FitnessContext(table, efficiency_bounds=(0.5, 1.4)))
+    assert tight.coefficients[1] == pytest.approx(1.4)  # kv_io capped at the upper bound
+    assert 0.5 <= tight.coefficients[0] <= 1.4
+    # a µs term the data does not want still gets at least the lower bound
+    prog2 = (OP("add"), OP("add"), V("weight_time_us"), V("kv_io_time_us"), V("allreduce_time_us"))
+    s = score_program(prog2, FitnessContext(table))
+    assert min(s.coefficients) >= 0.5 - 1e-12
+
+
+def test_a_term_that_subtracts_time_scores_worst():
+    table = planted_table(noise=0.0)
+    prog = (OP("add"), V("weight_time_us"), OP("sub"), V("kv_io_time_us"), V("matmul_time_us"))
+    assert not score_program(prog, FitnessContext(table)).ok
+    rows = term_efficiencies("100 + 1.2*weight_time_us + 846.6*matmul_time_us - 846.8*kv_io_time_us")
+    kinds = {r["term"]: r["kind"] for r in rows}
+    assert kinds == {"weight_time_us": "efficiency", "matmul_time_us": "efficiency", "kv_io_time_us": "negative time"}
+    bounds = {r["term"]: r["on_bound"] for r in term_efficiencies("4.0*weight_time_us + 0.5*kv_io_time_us")}
+    assert bounds == {"weight_time_us": "upper", "kv_io_time_us": "lower"}
+
+
+def test_models_faster_under_more_work_score_worst():
+    # data with a term that falls as KV grows: pdiv(batch, kv_io) fits it, but is faster with more work
+    table = planted_table(noise=0.0)
+    cols = table.columns
+    table.cycle_time_us = table.cycle_time_us + 2e5 * cols["batch_size"] / cols["kv_io_time_us"]
+    probes = MonotoneProbes.build(table.deployments, table.primitive_names)
+    bad = (OP("add"), V("weight_time_us"), OP("pdiv"), V("batch_size"), V("kv_io_time_us"))
+    unchecked = score_program(bad, FitnessContext(table))
+    assert unchecked.ok and unchecked.coefficients[1] > 0
+    assert not score_program(bad, FitnessContext(table, monotone=probes)).ok
+    good = (OP("add"), V("weight_time_us"), V("kv_io_time_us"))
+    assert score_program(good, FitnessContext(table, monotone=probes)).ok
+    deps = [R.resolve("llama-2-70b", 4)]
+    assert monotone_on_probes("1.1*gemm_time_us + 1.3*decode_attention_time_us + prefill_attention_time_us", deps)
+    assert not monotone_on_probes("1000 - 0.1*kv_tokens + weight_time_us", deps)
+
+
+def test_every_primitive_is_monotone_on_the_probes():
+    deps = [R.resolve(m, tp) for m, tp in [("llama-2-7b", 1), ("mixtral-8x7b-v0-1", 2), ("llama-2-70b", 4)]]
+    from primitives.registry import PRIMITIVES
+
+    probes = MonotoneProbes.build(deps, [p.name for p in PRIMITIVES])
+    for p in PRIMITIVES:
+        assert probes.holds(lambda cols, n, name=p.name: cols[name]), p.name
+
+
+def test_shared_prefixes_count_once_in_blocks_and_per_request_in_kv_tokens():
+    # 3 prompts per group shared by every user of it: many running requests hold the same prefix
+    spec = spec_(stages=((20.0, 4.0),), num_groups=1, num_prompts_per_group=2, system_prompt_len=160, max_num_seqs=8)
+    res = simulate(spec, DEP, ConstModel(step_us=20_000), seed=3, kv_capacity_blocks=10_000)
+    traj = res.trajectory
+    kv = traj.features(["kv_tokens"])["kv_tokens"]
+    busy = kv > 0
+    assert (traj.step_kv_block_tokens[busy] < kv[busy]).any()  # sharing: fewer distinct tokens
+    assert kv_sharing_factor(traj) > 1.2
