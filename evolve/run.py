@@ -22,7 +22,7 @@ from evolve.search import Search
 from evolve.validation import closed_loop_check
 from fitness.dataset import build_step_table
 from fitness.kv_sharing import trace_kv_sharing
-from fitness.monotone import MonotoneProbes
+from fitness.physics_probes import PhysicsProbes
 from fitness.scoring import FitnessContext
 from primitives.data.experiments import find_experiments
 from primitives.data.roots import default_data_dir
@@ -146,7 +146,7 @@ def prepare_context(config: RunConfig, resolver: DeploymentResolver):
     kv_sharing = trace_kv_sharing(data, config.experiments, resolver, config.seed)
     table = build_step_table(data, resolver, names, config.validation_fraction, kv_sharing)
     deployments = list(table.deployments)
-    if config.experiments:  # the replayed experiments' deployments must be monotone too
+    if config.experiments:  # the replayed experiments' deployments are probed too
         for spec in find_experiments(Path(config.experiments)):
             dep = resolver.resolve(spec.model, spec.tp)
             if dep not in deployments:
@@ -156,7 +156,7 @@ def prepare_context(config: RunConfig, resolver: DeploymentResolver):
         None,
         config.replay_weight,
         efficiency_bounds=tuple(config.efficiency_bounds),
-        monotone=MonotoneProbes.build(deployments, names),
+        probes=PhysicsProbes.build(deployments, names, floor_fraction=config.efficiency_bounds[0]),
     )
     return ctx, names, data
 

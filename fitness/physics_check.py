@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 
-from fitness.monotone import MonotoneProbes
+import numpy as np
+
+from fitness.physics_probes import PhysicsProbes, monotone
 from fitness.scoring import DEFAULT_EFFICIENCY_BOUNDS, term_physics
 from fitness.validate import split_terms
 from primitives.deployment import Deployment
@@ -40,14 +42,23 @@ def term_efficiencies(expression: str, bounds: tuple[float, float] = DEFAULT_EFF
     return rows
 
 
-def monotone_on_probes(expression: str, deployments: list[Deployment]) -> bool:
-    """Whether the expression never gets faster with more work on the probe steps."""
+def probe_check(expression: str, deployments: list[Deployment], floor_fraction: float = 0.5) -> dict:
+    """The physics probes on a fitted expression: monotone in work, and the lowest ratio of
+    its step time to the measured-kernel floor (>= 1: never faster than its kernels allow)."""
     expr = parse_infix(expression)
     names = sorted(s.name for s in expr.free_symbols)
-    if not names or not deployments:
-        return True
-    probes = MonotoneProbes.build(deployments, names)
-    return probes.holds(lambda cols, n: evaluate_expr(expr, cols))
+    probes = PhysicsProbes.build(deployments, names or ["batch_size"], floor_fraction)
+    base, heavy = probes.predictions(lambda cols, n: np.broadcast_to(evaluate_expr(expr, cols), (n,)))
+    floor, fits = probes.floor_us, probes.base_fits
+    used = (floor > 0) & fits
+    ratio = float(np.min(base[used] / floor[used])) if used.any() else None
+    ok = monotone(base, heavy, fits, probes.heavier_fits)
+    return {"monotone": ok, "kernel_floor_ratio_min": ratio, "floor_fraction": floor_fraction}
 
 
-__all__ = ["monotone_on_probes", "term_efficiencies"]
+def monotone_on_probes(expression: str, deployments: list[Deployment]) -> bool:
+    """Whether the expression never gets faster with more work on the probe steps."""
+    return bool(probe_check(expression, deployments)["monotone"])
+
+
+__all__ = ["monotone_on_probes", "probe_check", "term_efficiencies"]

@@ -20,7 +20,7 @@ import sympy as sp
 from scipy.optimize import lsq_linear, nnls
 
 from fitness.dataset import StepTable
-from fitness.monotone import MonotoneProbes
+from fitness.physics_probes import PhysicsProbes
 from fitness.replay_rows import REPLAY_METRICS, ReplayRows
 from fitness.sim.latency_model import FITTED_NON_STEP_NAMES, full_non_step_terms
 from primitives.language import Program, additive_terms, canonical, evaluate_program, program_to_sympy
@@ -38,7 +38,7 @@ class FitnessContext:
     replay: ReplayRows | None = None
     replay_weight: float = 1.0  # weight of one replayed metric row against one experiment's step rows
     efficiency_bounds: tuple[float, float] = DEFAULT_EFFICIENCY_BOUNDS
-    monotone: MonotoneProbes | None = None  # probe steps the fitted model must be monotone on
+    probes: PhysicsProbes | None = None  # probe steps: monotone in work, above the kernel floor
 
 
 @dataclass
@@ -199,7 +199,8 @@ def fit_terms(
     Each term is a function of primitive columns; the search passes evolved programs,
     leave-one-model-out passes the terms of an archived expression. Coefficients are
     >= 0; those of efficiency terms (``efficiency_terms[i]``: a time in µs) lie inside
-    ``ctx.efficiency_bounds``. A fit that is not monotone on ``ctx.monotone`` scores worst.
+    ``ctx.efficiency_bounds``. A fit that fails ``ctx.probes`` (not monotone in work, or
+    faster than the measured kernels allow) scores worst.
     """
     terms = list(term_fns)
     st = ctx.steps
@@ -260,7 +261,7 @@ def fit_terms(
     probes = ctx.replay.probes if ctx.replay is not None else None
     if probes is not None and not _positive_on(probes, terms, theta[: k + 1]):
         return _worst()
-    if ctx.monotone is not None and not ctx.monotone.holds(lambda cols, n: _design(terms, cols, n) @ theta[: k + 1]):
+    if ctx.probes is not None and not ctx.probes.holds(lambda cols, n: _design(terms, cols, n) @ theta[: k + 1]):
         return _worst()
     complexity = model_complexity(term_sizes or [1] * k, list(coefs), intercept)
 

@@ -27,6 +27,15 @@ SEEDS: dict[str, str] = {
         "add(add(add(weight_time_us, kv_io_time_us), matmul_time_us),"
         " add(add(allreduce_time_us, allreduce_calls), add(n_layers, mul(batch_size, n_layers))))"
     ),
+    # Measured kernels: the step's matmuls, decode and prefill attention at their measured
+    # times, plus all-reduce launches and a per-step CPU cost (the intercept)
+    "measured_kernels": (
+        "add(add(gemm_time_us, decode_attention_time_us), add(prefill_attention_time_us, allreduce_calls))"
+    ),
+    "measured_kernels_roofline": (
+        "add(max(gemm_time_us, weight_time_us), add(add(decode_attention_time_us, prefill_attention_time_us),"
+        " allreduce_calls))"
+    ),
     # MoE-aware weight streaming: only the experts a batch touches are read
     "moe_weights": "add(mul(weight_time_us, moe_touched_fraction), add(kv_io_time_us, allreduce_calls))",
 }

@@ -7,8 +7,8 @@ import pytest
 from test_search import planted_table
 from test_sim_scheduler import DEP, ConstModel, spec_
 
-from fitness.monotone import MonotoneProbes
-from fitness.physics_check import monotone_on_probes, term_efficiencies
+from fitness.physics_check import monotone_on_probes, probe_check, term_efficiencies
+from fitness.physics_probes import PhysicsProbes, monotone
 from fitness.scoring import FitnessContext, score_program
 from fitness.sim.engine import simulate
 from fitness.sim.recording import kv_sharing_factor
@@ -69,13 +69,13 @@ def test_models_faster_under_more_work_score_worst():
     table = planted_table(noise=0.0)
     cols = table.columns
     table.cycle_time_us = table.cycle_time_us + 2e5 * cols["batch_size"] / cols["kv_io_time_us"]
-    probes = MonotoneProbes.build(table.deployments, table.primitive_names)
+    probes = PhysicsProbes.build(table.deployments, table.primitive_names, floor_fraction=1e-9)  # monotone only
     bad = (OP("add"), V("weight_time_us"), OP("pdiv"), V("batch_size"), V("kv_io_time_us"))
     unchecked = score_program(bad, FitnessContext(table))
     assert unchecked.ok and unchecked.coefficients[1] > 0
-    assert not score_program(bad, FitnessContext(table, monotone=probes)).ok
+    assert not score_program(bad, FitnessContext(table, probes=probes)).ok
     good = (OP("add"), V("weight_time_us"), V("kv_io_time_us"))
-    assert score_program(good, FitnessContext(table, monotone=probes)).ok
+    assert score_program(good, FitnessContext(table, probes=probes)).ok
     deps = [R.resolve("llama-2-70b", 4)]
     assert monotone_on_probes("1.1*gemm_time_us + 1.3*decode_attention_time_us + prefill_attention_time_us", deps)
     assert not monotone_on_probes("1000 - 0.1*kv_tokens + weight_time_us", deps)
@@ -85,9 +85,27 @@ def test_every_primitive_is_monotone_on_the_probes():
     deps = [R.resolve(m, tp) for m, tp in [("llama-2-7b", 1), ("mixtral-8x7b-v0-1", 2), ("llama-2-70b", 4)]]
     from primitives.registry import PRIMITIVES
 
-    probes = MonotoneProbes.build(deps, [p.name for p in PRIMITIVES])
+    probes = PhysicsProbes.build(deps, [p.name for p in PRIMITIVES])
     for p in PRIMITIVES:
-        assert probes.holds(lambda cols, n, name=p.name: cols[name]), p.name
+        base, heavy = probes.predictions(lambda cols, n, name=p.name: cols[name])
+        assert monotone(base, heavy, probes.base_fits, probes.heavier_fits), p.name
+    assert probes.base_fits.any() and not probes.base_fits.all()  # 128 requests of 16k tokens do not fit
+
+
+def test_a_step_is_never_faster_than_half_its_measured_kernels():
+    deps = [R.resolve(m, tp) for m, tp in [("llama-2-7b", 1), ("llama-2-70b", 4)]]
+    # weights and KV streamed at full bandwidth, no prefill compute: far too fast for a 2,048-token chunk
+    no_prefill = probe_check("1.1*weight_time_us + 1.1*kv_io_time_us + 2000", deps)
+    assert no_prefill["monotone"] and no_prefill["kernel_floor_ratio_min"] < 1
+    kernels = probe_check("0.6*gemm_time_us + 0.6*decode_attention_time_us + 0.6*prefill_attention_time_us", deps)
+    assert kernels["kernel_floor_ratio_min"] == pytest.approx(1.2)
+    table = planted_table(noise=0.0)
+    probes = PhysicsProbes.build(table.deployments, table.primitive_names)
+    fast = (OP("add"), V("weight_time_us"), V("kv_io_time_us"))
+    assert (
+        score_program(fast, FitnessContext(table)).ok
+        and not score_program(fast, FitnessContext(table, probes=probes)).ok
+    )
 
 
 def test_shared_prefixes_count_once_in_blocks_and_per_request_in_kv_tokens():
