@@ -203,10 +203,10 @@ def cmd_archive_list(args: argparse.Namespace) -> int:
     if args.json:
         print(_dumps([{**entry_record(e), "recommended": e.id == rec_id} for e in entries]))
         return 0
-    from evolve.report import entries_table
+    from evolve.report import print_entries
 
     title = "All archived entries" if args.all else "Pareto front (latest generation)"
-    _console().print(entries_table(entries, rec_id, title=title))
+    print_entries(_console(), entries, rec_id, title=title)
     return 0
 
 
@@ -232,15 +232,16 @@ def cmd_archive_best(args: argparse.Namespace) -> int:
     if args.json:
         print(_dumps(record))
         return 0
-    from evolve.report import entries_table
+    from evolve.report import print_entries
 
     console = _console()
-    console.print(entries_table([best], best.id, title="Recommended model"))
+    print_entries(console, [best], best.id, title="Recommended model")
     console.print(
         f"combined (worst-case) error {fmt_cell('error', record['combined_error'])}, "
         f"selection score {record['selection_score']:.4g}; details: {PROG} archive show {best.id}",
         markup=False,
         highlight=False,
+        soft_wrap=True,
     )
     return 0
 
@@ -290,32 +291,31 @@ def cmd_score(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     _must_exist(args.experiments, "--experiments", "dir")
     _check_writable_file(args.json, "--json")
+    if args.report and args.mode:
+        raise InputError("--report", None, f"the report is of the closed-loop validation; drop --{args.mode}")
+    report_dir = writable_dir(args.report, "--report") if args.report else None
     entry = _get_entry(args.run_dir, args.id)
     resolver = _resolver(args)
-    from evolve.report import VALIDATE_MODES, rows_table, validation_table
     from evolve.validation import validate_entry
+    from evolve.validation_view import VALIDATE_MODES, print_validation
 
     console = _console()
     what, kind = VALIDATE_MODES[args.mode]
+    with_baseline = bool(args.baseline or report_dir)
+    what += " (and the BLIS blackbox baseline's)" if with_baseline else ""
     with console.status(f"{entry.id}: {what} of every experiment under {args.experiments} ..."):
-        result = validate_entry(entry, str(args.experiments), args.mode, resolver)
+        result = validate_entry(
+            entry, str(args.experiments), args.mode, resolver, baseline=with_baseline, plot_dir=report_dir
+        )
     if args.json:
         mode = {"mode": args.mode or "closed-loop", "lomo": args.mode == "lomo"}
         _write_json(args.json, {"id": entry.id, "expression": entry.expression, **mode, **dict(result)})
-    title = f"Validation of {entry.id}" + (f" ({kind})" if kind else "")
-    console.print(validation_table(result, title))
-    summary = result.get("summary", {})
-    console.print(
-        rows_table(
-            [{"name": k, "value": v} for k, v in summary.items() if not isinstance(v, dict)],
-            title="summary (absolute errors over experiments with results)",
-        )
-    )
-    for key, groups in summary.items():  # per held-out model or workload
-        if isinstance(groups, dict):
-            console.print(rows_table([{"name": g, **v} for g, v in groups.items()], title=f"per held-out {key[:-1]}"))
-    if result.get("plot"):
-        console.print(f"plot: {result['plot']}")
+    print_validation(console, result, f"Validation of {entry.id}" + (f" ({kind})" if kind else ""))
+    if report_dir is not None:
+        from evolve.html_report import write_report
+
+        page = write_report(result, entry, report_dir, str(args.experiments))
+        console.print(f"report: {page}", markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
@@ -440,6 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("--stage-transfer", "refit on the low-rate load stages, validate the high-rate ones"),
     ]:
         transfer.add_argument(flag, dest="mode", action="store_const", const=flag[2:], help=help)
+    p.add_argument("--baseline", action="store_true", help="also fit and run the BLIS blackbox baseline (slow)")
+    p.add_argument("--report", metavar="DIR", help="write a self-contained HTML report there (implies --baseline)")
 
     p = sub.add_parser("export-go", help="write step_time.go for BLIS")
     p.add_argument("id", metavar="ID")

@@ -1,5 +1,5 @@
-"""What the commands show: the JSON view of an entry, rich tables of entries, scores and
-validations, and the validation plot.
+"""What the commands show: the JSON view of an entry, rich tables of entries and scores
+(validations: ``evolve.validation_view``; the HTML report: ``evolve.html_report``).
 
 rich, sympy and matplotlib are imported by the functions that draw, so that a command
 printing JSON starts without them.
@@ -100,8 +100,29 @@ def entry_record(entry: ArchiveEntry) -> dict:
 
 
 # -- generic tables -------------------------------------------------------------------
-def entries_table(entries: list[ArchiveEntry], recommended_id: str | None = None, title: str | None = None):
-    """The front as a table: id, generation found, complexity, errors present, expression."""
+def print_entries(console, entries: list[ArchiveEntry], recommended_id: str | None = None, title: str | None = None):
+    """The entries table, with the expressions in a column when every one fits beside the
+    other columns unwrapped, else below the table, one line each (the terminal wraps them)."""
+    longest = max((len(e.expression) for e in entries), default=0)
+    narrow = entries_table(entries, recommended_id, title, expressions=False)
+    room = console.width - console.measure(narrow).maximum - 3  # the column's border and padding
+    if longest <= room:
+        console.print(entries_table(entries, recommended_id, title))
+        return
+    console.print(narrow)
+    console.print("expressions (step time, µs):", markup=False, highlight=False)
+    for e in entries:
+        mark = "*" if e.id == recommended_id else " "
+        console.print(f"{mark} {e.id}  {e.expression}", markup=False, highlight=False, soft_wrap=True)
+
+
+def entries_table(
+    entries: list[ArchiveEntry],
+    recommended_id: str | None = None,
+    title: str | None = None,
+    expressions: bool = True,
+):
+    """The front as a table: id, generation found, complexity, errors present, expression (if EXPRESSIONS)."""
     from rich.table import Table
 
     table = Table(title=title, show_lines=False)
@@ -112,13 +133,13 @@ def entries_table(entries: list[ArchiveEntry], recommended_id: str | None = None
     shown = [(key, label) for key, label in ERROR_COLUMNS if any(key in e.objectives for e in entries)]
     for _, label in shown:
         table.add_column(label, justify="right", no_wrap=True)
-    table.add_column("expression", overflow="fold")
+    if expressions:
+        table.add_column("expression", overflow="fold")
     for e in entries:
         mark = "*" if e.id == recommended_id else ""
         row = [mark, e.id, str(e.generation), str(e.complexity)]
         row += [fmt_fraction(e.objectives.get(key)) for key, _ in shown]
-        row.append(e.expression)
-        table.add_row(*row)
+        table.add_row(*row, *([e.expression] if expressions else []))
     if recommended_id is not None:
         table.caption = "* recommended (python -m evolve archive best)"
     return table
@@ -288,105 +309,3 @@ def efficiency_table(entry: ArchiveEntry):
     if not rows:
         return "no terms: the expression is a constant"
     return rows_table(rows, title=f"Fitted efficiencies (µs terms bounded to {bounds[0]:g}-{bounds[1]:g})")
-
-
-# -- validation ---------------------------------------------------------------------------
-# ``validate``'s modes (evolve.validation): mode -> (what the command does, the table's title suffix)
-VALIDATE_MODES: dict[str | None, tuple[str, str]] = {
-    None: ("closed-loop runs", ""),
-    "lomo": ("leave-one-model-out refits and closed-loop runs", "leave one model out"),
-    "lowo": ("leave-one-workload-out refits and closed-loop runs", "leave one workload out"),
-    "stage-transfer": (
-        "low-rate-stage refit and closed-loop runs",
-        "fitted on low-rate stages, checked on high-rate stages",
-    ),
-}
-
-
-def validation_table(result: dict, title: str):
-    """Predicted against observed per experiment: the figures a user checks first."""
-    from rich.table import Table
-
-    def pct(v):
-        if v is None:
-            return "—"
-        colour = "green" if abs(v) <= 0.10 else ("yellow" if abs(v) <= 0.15 else "red")
-        return f"[{colour}]{v * 100:+.1f}%[/]"
-
-    def num(v, scale=1.0, fmt="{:.3f}"):
-        return "—" if v is None else fmt.format(v * scale)
-
-    t = Table(title=title)
-    for col, just in [
-        ("experiment", "left"),
-        ("E2E s pred/obs", "right"),
-        ("err", "right"),
-        ("TTFT ms pred/obs", "right"),
-        ("err", "right"),
-        ("ITL ms pred/obs", "right"),
-        ("err", "right"),
-        ("failures pred/obs", "right"),
-    ]:
-        t.add_column(col, justify=just)
-    for it in result.get("experiments", []):
-        name = it["name"].split("-", 2)[-1] if it["name"][:8].isdigit() else it["name"]
-        if "held_out_stage" in it:  # stage transfer: one row per high-rate stage
-            name += f" (stage {it['held_out_stage']})"
-        elif it.get("held_out_model") or it.get("held_out_workload"):
-            name += " (held out)"
-        t.add_row(
-            name,
-            f"{num(it['e2e_mean_pred_s'])} / {num(it['e2e_mean_obs_s'])}",
-            pct(it["e2e_error"]),
-            f"{num(it['ttft_mean_pred_s'], 1e3, '{:.1f}')} / {num(it['ttft_mean_obs_s'], 1e3, '{:.1f}')}",
-            pct(it["ttft_error"]),
-            f"{num(it['itl_mean_pred_s'], 1e3, '{:.2f}')} / {num(it['itl_mean_obs_s'], 1e3, '{:.2f}')}",
-            pct(it["itl_error"]),
-            f"{it['failures_pred']} / {'—' if it['failures_obs'] is None else it['failures_obs']}",
-        )
-    return t
-
-
-def plot_predicted_vs_observed(items: list[dict], path: Path, title: str) -> Path | None:
-    """Three panels (E2E, TTFT, ITL): predicted against observed, with a ±10% band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-    from matplotlib.ticker import NullFormatter
-
-    from fitness.replay_rows import REPLAY_METRICS
-
-    rows = [i for i in items if i.get("e2e_mean_obs_s") is not None]
-    if not rows:
-        return None
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
-    models = sorted({i["model"] for i in rows})
-    colours = dict(zip(models, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
-    for ax, m in zip(axes, REPLAY_METRICS, strict=True):
-        obs = np.array([i[f"{m}_mean_obs_s"] for i in rows])
-        pred = np.array([i[f"{m}_mean_pred_s"] for i in rows])
-        lo, hi = min(obs.min(), pred.min()) * 0.8, max(obs.max(), pred.max()) * 1.25
-        xs = np.geomspace(lo, hi, 50)
-        ax.fill_between(xs, xs * 0.9, xs * 1.1, color="0.9", label="±10%")
-        ax.plot(xs, xs, color="0.5", lw=1)
-        for model in models:
-            sel = [k for k, i in enumerate(rows) if i["model"] == model]
-            ax.scatter(obs[sel], pred[sel], s=28, color=colours[model], label=model)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        for axis in (ax.xaxis, ax.yaxis):  # minor labels collide on short log ranges
-            axis.set_minor_formatter(NullFormatter())
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-        ax.set_xlabel(f"observed mean {m.upper()} (s)")
-        ax.set_ylabel(f"predicted mean {m.upper()} (s)")
-        ax.set_title(m.upper())
-    axes[0].legend(fontsize=7, loc="upper left")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
 from archive.entry import ArchiveEntry
-from evolve.report import ERROR_COLUMNS, entries_table, fmt_fraction, fmt_number, mapping_table
+from evolve.report import ERROR_COLUMNS, fmt_fraction, fmt_number, mapping_table, print_entries
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -159,5 +159,5 @@ class RunUI:
             for k, v in summary.items():
                 self._plain(f"{k}: {fmt_number(v) if not isinstance(v, (dict, list)) else v}")
             return
-        self.console.print(entries_table(entries, _recommended_id(entries), title="Pareto front"))
+        print_entries(self.console, entries, _recommended_id(entries), title="Pareto front")
         self.console.print(mapping_table(dict(summary), title=f"Run summary ({fmt_duration(elapsed)})"))

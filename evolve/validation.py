@@ -2,7 +2,9 @@
 
 Every experiment under the directory is simulated end to end (``fitness.validate``)
 with the model's step time and overheads; experiments whose results are withheld are
-simulated too, with their observed fields left null.
+simulated too, with their observed fields left null. The closed-loop validation also
+checks how the model orders the experiments' tails (``fitness.ranking``), beside the BLIS
+blackbox baseline when asked (``evolve.baseline``).
 
 Transfer checks refit the expression's constants on part of the data and validate on
 the rest, in the closed loop. The expression's structure is kept; only its coefficients,
@@ -30,9 +32,11 @@ from typing import Callable
 import numpy as np
 
 from archive.rundir import RunDir
+from evolve.baseline import blackbox_baseline
 from evolve.calibration import refresh_replay_rows, scored_experiments
-from evolve.report import VALIDATE_MODES as MODES
-from evolve.report import plot_predicted_vs_observed
+from evolve.validation_view import VALIDATE_MODES as MODES
+from evolve.validation_view import plot_predicted_vs_observed
+from fitness.ranking import ranking_check
 from fitness.replay_rows import REPLAY_METRICS
 from fitness.scoring import error_stats
 from fitness.validate import closed_loop_items, default_jobs, refit, split_terms, summarise
@@ -42,11 +46,12 @@ from primitives.errors import InputError
 from primitives.language import parse_infix
 
 
-def _plot_path(entry, suffix: str) -> Path:
-    """The run's plots folder when the entry's run directory is here, else the current directory."""
+def _plot_path(entry, suffix: str, plot_dir: Path | None = None) -> Path:
+    """PLOT_DIR if given, else the run's plots folder when the entry's run directory is here,
+    else the current directory."""
     run_dir = (entry.run_config or {}).get("run_dir")
     base = RunDir(Path(run_dir)).plots if run_dir and Path(run_dir).is_dir() else Path.cwd()
-    return base / f"validate-{entry.id}{suffix}.png"
+    return Path(plot_dir or base) / f"validate-{entry.id}{suffix}.png"
 
 
 def validate_entry(
@@ -56,8 +61,15 @@ def validate_entry(
     resolver: DeploymentResolver,
     jobs: int | None = None,
     seed: int = 0,
+    baseline: bool = False,
+    plot_dir: Path | None = None,
 ) -> dict:
-    """Closed-loop validation of an entry (``mode`` None), or one of the transfer checks (``MODES``)."""
+    """Closed-loop validation of an entry (``mode`` None), or one of the transfer checks (``MODES``).
+
+    The closed-loop validation also checks how the entry ranks the experiments' tails
+    (``fitness.ranking``); ``baseline`` adds the BLIS blackbox baseline (``evolve.baseline``)
+    beside it. ``plot_dir``: where the plot goes (default: see ``_plot_path``).
+    """
     if mode not in MODES:
         raise InputError(mode, "mode", f"expected one of {', '.join(m for m in MODES if m)}")
     experiments_dir = Path(experiments_dir)
@@ -65,17 +77,22 @@ def validate_entry(
     if not specs:
         raise InputError(experiments_dir, None, "no experiment directories (with exp-config.yaml) found here")
     if mode is not None:
-        return _transfer(entry, experiments_dir, mode, resolver, jobs, seed)
+        return _transfer(entry, experiments_dir, mode, resolver, jobs, seed, plot_dir)
     items = closed_loop_items(specs, resolver, entry.expression, entry.overheads, seed, jobs)
-    plot = plot_predicted_vs_observed(items, _plot_path(entry, ""), f"{entry.id}: closed-loop validation")
-    return {
+    plot = plot_predicted_vs_observed(items, _plot_path(entry, "", plot_dir), f"{entry.id}: closed-loop validation")
+    base = blackbox_baseline(experiments_dir, resolver, seed, jobs) if baseline else None
+    result = {
         "id": entry.id,
         "expression": entry.expression,
         "mode": "closed-loop",
         "experiments": items,
         "summary": summarise(items),
+        "ranking": ranking_check(items, base["experiments"] if base else None),
         "plot": str(plot) if plot else None,
     }
+    if base:
+        result["baseline"] = {**base, "summary": summarise(base["experiments"])}
+    return result
 
 
 # --- transfer checks ------------------------------------------------------------------
@@ -143,7 +160,7 @@ def transfer_folds(mode: str, scored: list[ExperimentSpec], resolver: Deployment
     return "stage", [fold]
 
 
-def _transfer(entry, experiments_dir: Path, mode: str, resolver, jobs, seed) -> dict:
+def _transfer(entry, experiments_dir: Path, mode: str, resolver, jobs, seed, plot_dir=None) -> dict:
     scored = scored_experiments(experiments_dir)
     kind, folds = transfer_folds(mode, scored, resolver)
     _, terms, _ = split_terms(parse_infix(entry.expression))
@@ -184,7 +201,7 @@ def _transfer(entry, experiments_dir: Path, mode: str, resolver, jobs, seed) -> 
         splits = {s.name: stage_split(s) for s in scored}
         result["stage_split"] = {n: {"fit": lo, "validated": hi} for n, (lo, hi) in splits.items() if lo}
         result["skipped"] = sorted(n for n, (lo, _) in splits.items() if not lo)
-    plot = plot_predicted_vs_observed(items, _plot_path(entry, f"-{mode}"), f"{entry.id}: {MODES[mode][1]}")
+    plot = plot_predicted_vs_observed(items, _plot_path(entry, f"-{mode}", plot_dir), f"{entry.id}: {MODES[mode][1]}")
     result["plot"] = str(plot) if plot else None
     return result
 
@@ -206,7 +223,7 @@ def closed_loop_check(
     chosen = chosen[:limit]
     for e in chosen:
         ui.log(f"closed-loop check of {e.id} (complexity {e.complexity}) on {len(specs)} experiments")
-        items = closed_loop_items(specs, resolver, e.expression, e.overheads, seed, jobs)
+        items = closed_loop_items(specs, resolver, e.expression, e.overheads, seed, jobs, tails=False)
         stats = error_stats({m: [i[f"{m}_error"] for i in items] for m in REPLAY_METRICS})
         for m in REPLAY_METRICS:
             mean, worst, _ = stats[m]

@@ -13,6 +13,11 @@ are a metric too: ``failure_fraction_*`` is failed over all requests (predicted:
 simulator's client-side failures, i.e. timeouts and never-runnable requests; observed:
 ``failures.count`` over successes plus failures), and the summaries give the absolute
 difference in percentage points.
+
+Tails too: for E2E, TTFT, ITL and TPOT, the mean and the percentiles of ``REPORT_STATS``
+(``<metric>_<stat>_pred_s``, ``_obs_s``, ``_error``), over the successful requests as the
+load generator computes them (``fitness.sim.loadgen.client_distributions``), and every
+percentile of both under ``percentiles_s`` (the curves of the report).
 """
 
 from __future__ import annotations
@@ -23,13 +28,17 @@ import numpy as np
 import sympy as sp
 from joblib import Parallel, delayed
 
-from fitness.replay_rows import OBSERVED_FIELDS, REPLAY_METRICS, ReplayRows
+from fitness.replay_rows import REPLAY_METRICS, ReplayRows
 from fitness.scoring import DEFAULT_EFFICIENCY_BOUNDS, FitnessContext, error_stats, fit_terms, term_physics
 from fitness.sim.engine import simulate
 from fitness.sim.models import ExpressionLatencyModel
-from primitives.data.experiments import ExperimentSpec
+from primitives.data.experiments import LATENCY_FILE_KEYS, ExperimentSpec
 from primitives.deployment import DeploymentResolver
 from primitives.language import evaluate_expr, parse_infix, to_infix
+
+LATENCY_METRICS = tuple(LATENCY_FILE_KEYS)  # e2e, ttft, itl, tpot
+REPORT_STATS = ("mean", "p50", "p90", "p99")
+TAIL_STATS = REPORT_STATS[1:]
 
 
 def default_jobs() -> int:
@@ -45,14 +54,20 @@ def failure_fraction(metrics) -> float | None:
 
 
 def compare(pred, obs) -> dict:
-    """Predicted against observed lifecycle metrics (whole run or one stage): means, signed errors, failures."""
+    """Predicted against observed lifecycle metrics (whole run or one stage): means and
+    percentiles, signed errors, failures."""
     out: dict = {}
-    for m in REPLAY_METRICS:
-        p = getattr(pred, OBSERVED_FIELDS[m]) if pred is not None else None
-        o = getattr(obs, OBSERVED_FIELDS[m]) if obs is not None else None
-        out[f"{m}_mean_pred_s"] = p
-        out[f"{m}_mean_obs_s"] = o
-        out[f"{m}_error"] = (p / o - 1.0) if (p is not None and o) else None
+    for m in LATENCY_METRICS:
+        for stat in REPORT_STATS:
+            p = pred.stat_s(m, stat) if pred is not None else None
+            o = obs.stat_s(m, stat) if obs is not None else None
+            out[f"{m}_{stat}_pred_s"] = p
+            out[f"{m}_{stat}_obs_s"] = o
+            out[f"{m}_{stat}_error"] = (p / o - 1.0) if (p is not None and o) else None
+        if m in REPLAY_METRICS:
+            out[f"{m}_error"] = out[f"{m}_mean_error"]  # the mean's error, under its first name
+    curves = lambda metrics, m: dict(metrics.distributions.get(m, {})) if metrics is not None else {}  # noqa: E731
+    out["percentiles_s"] = {m: {"pred": curves(pred, m), "obs": curves(obs, m)} for m in LATENCY_METRICS}
     out["successes_pred"] = int(pred.successes) if pred is not None else None
     out["failures_pred"] = int(pred.failures) if pred is not None else None
     out["failures_obs"] = int(obs.failures) if obs is not None else None
@@ -61,10 +76,16 @@ def compare(pred, obs) -> dict:
     return out
 
 
-def closed_loop_item(spec: ExperimentSpec, deployment, expression: str, overheads: dict, seed: int = 0) -> dict:
-    """One experiment simulated with a model; predicted against observed (signed errors), per stage too."""
+def closed_loop_item(
+    spec: ExperimentSpec, deployment, expression: str, overheads: dict, seed: int = 0, tails: bool = True
+) -> dict:
+    """One experiment simulated with a model; predicted against observed (signed errors), per stage too.
+
+    ``tails``: the percentiles too (the simulation logs every token: ~20% slower); without
+    them the ``<metric>_<stat>`` fields of the percentiles are null.
+    """
     model = ExpressionLatencyModel(expression, deployment, overheads)
-    result = simulate(spec, deployment, model, seed=seed, record=False)
+    result = simulate(spec, deployment, model, seed=seed, record=False, distributions=tails)
     pred, obs = result.metrics, spec.observed
     item: dict = {"name": spec.name, "model": deployment.model.name, "workload": spec.workload}
     item.update(compare(pred.summary, obs.summary if obs is not None else None))
@@ -90,24 +111,38 @@ def closed_loop_items(
     overheads: dict,
     seed: int = 0,
     jobs: int | None = None,
+    tails: bool = True,
 ) -> list[dict]:
-    deps = [resolver.resolve(s.model, s.tp) for s in specs]
+    return closed_loop_runs([(s, expression, overheads) for s in specs], resolver, seed, jobs, tails)
+
+
+def closed_loop_runs(
+    runs: list[tuple[ExperimentSpec, str, dict]],
+    resolver: DeploymentResolver,
+    seed: int = 0,
+    jobs: int | None = None,
+    tails: bool = True,
+) -> list[dict]:
+    """:func:`closed_loop_item` of every (experiment, expression, overheads), in parallel."""
+    runs = [(s, resolver.resolve(s.model, s.tp), e, o) for s, e, o in runs]
     jobs = jobs or default_jobs()
-    if jobs > 1 and len(specs) > 1:
-        return Parallel(n_jobs=jobs, backend="loky")(
-            delayed(closed_loop_item)(s, d, expression, overheads, seed) for s, d in zip(specs, deps, strict=True)
-        )
-    return [closed_loop_item(s, d, expression, overheads, seed) for s, d in zip(specs, deps, strict=True)]
+    if jobs > 1 and len(runs) > 1:
+        return Parallel(n_jobs=jobs, backend="loky")(delayed(closed_loop_item)(*run, seed, tails) for run in runs)
+    return [closed_loop_item(*run, seed, tails) for run in runs]
 
 
 def summarise(items: list[dict]) -> dict:
-    """Mean and max absolute error of each metric over the items with results, and of the
-    failure fraction's difference in percentage points."""
+    """Mean and max absolute error of each metric (means, and the tails: ``e2e_p99_error_max``)
+    over the items with results, and of the failure fraction's difference in percentage points."""
     out: dict = {"experiments": len(items), "with_results": 0}
     for m, (mean, worst, n) in error_stats({m: [i.get(f"{m}_error") for i in items] for m in REPLAY_METRICS}).items():
         out["with_results"] = n
         out[f"{m}_error_mean"] = mean
         out[f"{m}_error_max"] = worst
+    tails = {f"{m}_{stat}": [i.get(f"{m}_{stat}_error") for i in items] for m in LATENCY_METRICS for stat in TAIL_STATS}
+    for key, (mean, worst, _) in error_stats(tails).items():
+        out[f"{key}_error_mean"] = mean
+        out[f"{key}_error_max"] = worst
     diffs = [
         100.0 * abs(i["failure_fraction_pred"] - i["failure_fraction_obs"])
         for i in items

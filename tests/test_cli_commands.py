@@ -170,7 +170,7 @@ def test_unwritable_json_fails_before_work(project: Path, monkeypatch, capsys):
 
 
 def test_validate(project: Path, monkeypatch, capsys):
-    def validate_entry(entry, experiments_dir, mode, resolver):
+    def validate_entry(entry, experiments_dir, mode, resolver, baseline=False, plot_dir=None):
         assert mode == "lomo" and experiments_dir == "exps"
         item = {
             "name": "a",
@@ -203,7 +203,7 @@ def test_validate(project: Path, monkeypatch, capsys):
 def test_validate_transfer_modes_are_mutually_exclusive(project: Path, monkeypatch, capsys):
     seen = []
 
-    def validate_entry(entry, experiments_dir, mode, resolver):
+    def validate_entry(entry, experiments_dir, mode, resolver, baseline=False, plot_dir=None):
         seen.append(mode)
         return {
             "summary": {"e2e_error_mean": 0.0, "workloads": {"codegen": {"e2e_error_mean": 0.0}}},

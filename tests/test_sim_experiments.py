@@ -55,6 +55,12 @@ def test_real_llama70b_general(real_specs):
     # ITL and TPOT are half the per-token time (two events per token)
     per_token = (obs.summary.e2e_mean_s - obs.summary.ttft_mean_s) / spec.output_len
     assert obs.summary.itl_mean_s == pytest.approx(per_token / 2, rel=0.01)
+    # the percentiles, the files' "median" as p50
+    assert obs.summary.stat_s("e2e", "p99") == pytest.approx(6.63237, abs=1e-5)
+    assert obs.summary.stat_s("itl", "p50") == pytest.approx(3.8301e-5, rel=1e-4)  # the gap between a token's events
+    assert obs.stages[1].stat_s("ttft", "p90") == pytest.approx(0.250062, abs=1e-6)
+    assert list(obs.summary.distributions) == ["e2e", "ttft", "itl", "tpot"]
+    assert list(obs.summary.distributions["tpot"])[:2] == ["p0.1", "p1"]
 
 
 # ---------------------------------------------------------------------------
@@ -215,6 +221,22 @@ def test_bad_metrics(tmp_path):
     with pytest.raises(InputError) as e:
         load_experiment(d)
     _expect(e, "summary_lifecycle_metrics.json", "failures.count")
+
+
+def test_percentiles_are_read_where_present(tmp_path):
+    d = _make(tmp_path)
+    summary = _summary()
+    summary["successes"]["latency"]["request_latency"].update({"median": 1.9, "p90": 2.5, "p99.9": 4.0})
+    (d / "results" / "summary_lifecycle_metrics.json").write_text(json.dumps(summary))
+    obs = load_experiment(d).observed
+    assert obs.summary.distributions == {"e2e": {"p50": 1.9, "p90": 2.5, "p99.9": 4.0}}
+    assert obs.summary.stat_s("e2e", "p90") == 2.5 and obs.summary.stat_s("ttft", "p90") is None
+    assert obs.stages[0].distributions == {}  # means only: no percentiles, no error
+    summary["successes"]["latency"]["request_latency"]["p99"] = "late"
+    (d / "results" / "summary_lifecycle_metrics.json").write_text(json.dumps(summary))
+    with pytest.raises(InputError) as e:
+        load_experiment(d)
+    _expect(e, "summary_lifecycle_metrics.json", "successes.latency.request_latency.p99")
 
 
 def test_zero_successes_allows_null_latency(tmp_path):

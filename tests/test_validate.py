@@ -10,7 +10,7 @@ from evolve.validation import validate_entry
 from fitness.sim.engine import simulate
 from fitness.sim.models import ExpressionLatencyModel
 from fitness.validate import split_terms
-from primitives.data.experiments import load_experiment
+from primitives.data.experiments import LATENCY_FILE_KEYS, load_experiment
 from primitives.deployment import default_resolver
 from primitives.language import parse_infix
 
@@ -51,23 +51,21 @@ def write_experiment(
 
 
 def _metrics_json(m) -> dict:
+    """Lifecycle metrics as the load generator writes them: mean and percentiles (``median`` for p50)."""
     lat = {
-        "request_latency": m.e2e_mean_s,
-        "time_to_first_token": m.ttft_mean_s,
-        "inter_token_latency": m.itl_mean_s,
-        "time_per_output_token": m.tpot_mean_s,
+        src: {"mean": getattr(m, f"{metric}_mean_s")}
+        | {("median" if k == "p50" else k): v for k, v in m.distributions.get(metric, {}).items()}
+        for metric, src in LATENCY_FILE_KEYS.items()
     }
-    return {
-        "successes": {"count": m.successes, "latency": {k: {"mean": v} for k, v in lat.items()}},
-        "failures": {"count": m.failures},
-    }
+    return {"successes": {"count": m.successes, "latency": lat}, "failures": {"count": m.failures}}
 
 
 def observe(d, expression=EXPR, overheads=OVERHEADS):
     """Write the lifecycle metrics (summary and stages) that the closed loop itself predicts as 'observed'."""
     spec = load_experiment(d)
     dep = default_resolver().resolve(spec.model, spec.tp)
-    metrics = simulate(spec, dep, ExpressionLatencyModel(expression, dep, overheads), seed=0, record=False).metrics
+    model = ExpressionLatencyModel(expression, dep, overheads)
+    metrics = simulate(spec, dep, model, seed=0, record=False, distributions=True).metrics
     (d / "results" / "summary_lifecycle_metrics.json").write_text(json.dumps(_metrics_json(metrics.summary)))
     if len(spec.stages) > 1:
         for i, st in enumerate(metrics.stages):

@@ -13,6 +13,8 @@ the KV cache with prefix caching (``fitness.sim.kv_cache``), driven by this even
 * **Timeouts**: the client gives up ``request_timeout_s`` after sending; the engine
   aborts the request (freeing its KV blocks and slot) at the first step start after.
 * **Stages** start once the previous one has drained (client side), after the interval.
+* **Percentiles** (``distributions=True``) need every token's arrival: the scheduler then
+  logs which requests sampled a token in each step (a run takes ~20% longer; off in the search).
 
 The client side (arrivals, prompts, the two-events-per-token arithmetic) is
 ``fitness.sim.loadgen``; what a run returns is ``fitness.sim.recording``.
@@ -24,7 +26,7 @@ import numpy as np
 
 from fitness.sim.kv_cache import BLOCK
 from fitness.sim.latency_model import LatencyModel
-from fitness.sim.loadgen import US_PER_S, LoadPlan, build_load, client_times, lifecycle_metrics
+from fitness.sim.loadgen import US_PER_S, LoadPlan, TokenTimes, build_load, client_times, lifecycle_metrics
 from fitness.sim.recording import (
     FINISHED,
     REJECTED,
@@ -47,17 +49,21 @@ def simulate(
     record: bool = True,
     load: LoadPlan | None = None,
     kv_capacity_blocks: int | None = None,
+    distributions: bool = False,
 ) -> SimResult:
     """Run SPEC's load against a simulated vLLM server whose steps take MODEL's times.
 
     ``load`` overrides the seeded load plan (tests); ``kv_capacity_blocks`` overrides the
     capacity derived from the deployment (``kv_capacity_tokens(gpu_memory_utilization)``).
+    ``distributions``: the metrics carry the percentiles the load generator reports too.
     """
     if load is None:
         load = build_load(spec, seed)
     if kv_capacity_blocks is None:
         kv_capacity_blocks = deployment.kv_capacity_tokens(spec.gpu_memory_utilization) // BLOCK
     run = _ClosedLoop(spec, model, load, int(kv_capacity_blocks), record)
+    if distributions:
+        run.sched.token_log = []
     for si in range(len(load.stage_offsets_s)):
         run.stage(si)
     # the engine is empty between stages (every request of a stage is done)
@@ -194,9 +200,17 @@ class _ClosedLoop:
         success = finished & (ct.e2e_us <= self.timeout_us)
         nan = np.where(success, 1.0, np.nan)
         stage_arr = load.request_stage
+        tokens = None
+        if sched.token_log is not None:  # every token reaches the client when its step's outputs do
+            log = sched.token_log
+            step_of = np.repeat([k for k, _ in log], [len(r) for _, r in log]).astype(np.int64)
+            req_of = np.concatenate([r for _, r in log]) if log else np.zeros(0, dtype=np.int64)
+            tokens = TokenTimes.from_tokens(n, req_of, out_us[step_of], self.gap_us)
         metrics = ObservedMetrics(
-            summary=lifecycle_metrics(ct, success),
-            stages=tuple(lifecycle_metrics(ct, success, stage_arr == s) for s in range(len(load.stage_offsets_s))),
+            summary=lifecycle_metrics(ct, success, tokens=tokens),
+            stages=tuple(
+                lifecycle_metrics(ct, success, stage_arr == s, tokens) for s in range(len(load.stage_offsets_s))
+            ),
         )
         requests = RequestTable(
             send_us=self.send_us,
@@ -257,7 +271,8 @@ class _ClosedLoop:
             kv_capacity_blocks=self.kv_total,
             stage_start_us=self.stage_start,
             total_preemptions=sched.total_preempt,
-            extra={"kv_free_blocks_at_end": kv.free(), "kv_blocks_held_at_end": kv.held_blocks()},
+            extra={"kv_free_blocks_at_end": kv.free(), "kv_blocks_held_at_end": kv.held_blocks()}
+            | ({"token_times": tokens} if tokens is not None else {}),
         )
 
 

@@ -22,15 +22,20 @@ What the real runs did (``../shared/NOTES.md`` §2-3):
   event; ITL = every gap between consecutive events, pooled over requests; TPOT =
   (last - first event) / (events after the first). So ITL and TPOT are about half the
   per-token time.
+* **Percentiles** (only when asked: :class:`TokenTimes`, :func:`client_distributions`):
+  those of the lifecycle files, over the successful requests; ITL's over every gap of
+  those requests pooled: per request, ``N`` event gaps and the ``N - 1`` gaps from a token's
+  second event to the next token's first.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from primitives.data.experiments import ExperimentSpec, LifecycleMetrics
+from primitives.distribution import counted_percentiles, percentiles
 
 # Re-tokenisation of random-token prompts: mean inflation and per-user spread (uniform ±).
 PROMPT_INFLATION = 1.05
@@ -160,7 +165,8 @@ def token_events_us(token_times_us: np.ndarray, event_gap_us: float = DEFAULT_EV
 def metrics_from_event_streams(send_us: np.ndarray, streams: list[np.ndarray]) -> dict[str, np.ndarray | float]:
     """The load generator's arithmetic on explicit event streams (reference, for tests).
 
-    Returns per-request ``e2e_us``, ``ttft_us``, ``tpot_us`` and the pooled ``itl_mean_us``.
+    Returns per-request ``e2e_us``, ``ttft_us``, ``tpot_us``, the pooled ``itl_mean_us`` and
+    every pooled gap, ``itl_gaps_us``.
     """
     e2e, ttft, tpot, gaps = [], [], [], []
     for s, ev in zip(send_us, streams, strict=True):
@@ -175,6 +181,7 @@ def metrics_from_event_streams(send_us: np.ndarray, streams: list[np.ndarray]) -
         "ttft_us": np.array(ttft),
         "tpot_us": np.array(tpot),
         "itl_mean_us": float(pooled.mean()) if len(pooled) else float("nan"),
+        "itl_gaps_us": pooled,
     }
 
 
@@ -217,12 +224,58 @@ def client_times(
     )
 
 
-def lifecycle_metrics(times: ClientTimes, success: np.ndarray, mask: np.ndarray | None = None) -> LifecycleMetrics:
-    """Means (s) over the successful requests in MASK, as the results files report them."""
+@dataclass(frozen=True)
+class TokenTimes:
+    """When every token of every request reached the client (µs), request by request, and the
+    client's event gap: token m of request r is ``times_us[offsets[r] + m]``."""
+
+    offsets: np.ndarray  # n_requests + 1
+    times_us: np.ndarray
+    event_gap_us: float
+
+    @classmethod
+    def from_tokens(cls, n_requests: int, request: np.ndarray, time_us: np.ndarray, event_gap_us: float):
+        """From every token's request and arrival time, listed in arrival order."""
+        request = np.asarray(request, dtype=np.int64)
+        order = np.argsort(request, kind="stable")  # a request's tokens stay in arrival order
+        offsets = np.concatenate([[0], np.cumsum(np.bincount(request, minlength=n_requests))])
+        return cls(offsets.astype(np.int64), np.asarray(time_us, dtype=np.float64)[order], float(event_gap_us))
+
+
+def client_distributions(times: ClientTimes, tokens: TokenTimes, sel: np.ndarray) -> dict[str, dict[str, float]]:
+    """Percentiles (s) of E2E, TTFT and TPOT over the requests SEL (a mask), of ITL over their pooled gaps.
+
+    Token m's events are at ``t_m`` and ``t_m + gap``: a request's gaps are ``gap`` once per
+    token and ``t_(m+1) - t_m - gap`` between tokens (never below 0: two tokens the engine
+    delivers at once, at the end of a request before an idle engine, give 0).
+    """
+    sel = np.asarray(sel, dtype=bool)
+    out = {m: percentiles(getattr(times, f"{m}_us")[sel] / US_PER_S) for m in ("e2e", "ttft", "tpot")}
+    counts = np.diff(tokens.offsets)
+    on = np.repeat(sel, counts)  # tokens of the selected requests
+    first = np.zeros(len(on), dtype=bool)
+    first[tokens.offsets[:-1][counts > 0]] = True
+    pair = on[:-1] & ~first[1:]  # tokens j and j + 1 belong to one selected request
+    g = tokens.event_gap_us
+    between = np.maximum(np.diff(tokens.times_us)[pair] - g, 0.0)
+    out["itl"] = counted_percentiles(
+        np.append(between, g) / US_PER_S, np.append(np.ones(len(between), np.int64), counts[sel].sum())
+    )
+    return {m: v for m, v in out.items() if v}
+
+
+def lifecycle_metrics(
+    times: ClientTimes, success: np.ndarray, mask: np.ndarray | None = None, tokens: TokenTimes | None = None
+) -> LifecycleMetrics:
+    """Means (s) over the successful requests in MASK, as the results files report them; their
+    percentiles too when every token's arrival is given (TOKENS)."""
     success = np.asarray(success, dtype=bool)
     sel = success if mask is None else success & mask
     n_fail = int(((~success) if mask is None else (~success & mask)).sum())
-    return lifecycle_means(times, sel, n_fail)
+    means = lifecycle_means(times, sel, n_fail)
+    if tokens is None or not sel.any():
+        return means
+    return replace(means, distributions=client_distributions(times, tokens, sel))
 
 
 def lifecycle_means(times, sel, failures: int) -> LifecycleMetrics:

@@ -113,6 +113,8 @@ class Scheduler:
         self.finishing: list[int] = []  # finished in the last step: slot and blocks held until released
         self.run = RunningSet()
         self.total_preempt = 0
+        # (step, requests that sampled a token in it) of every step: only when percentiles are asked for
+        self.token_log: list[tuple[int, np.ndarray]] | None = None
 
     # --- requests arriving and leaving -----------------------------------------------
 
@@ -326,6 +328,8 @@ class Scheduler:
         sampled = run.computed == run.known
         if not sampled.any():
             return 0
+        if self.token_log is not None:
+            self.token_log.append((step, run.id[sampled]))
         run.output_len = run.output_len + sampled
         run.known = run.known + sampled
         fresh = sampled & (run.output_len == 1)

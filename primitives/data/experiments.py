@@ -17,10 +17,11 @@ the field and what was expected.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from primitives.distribution import PERCENTILES, stat_key
 from primitives.errors import InputError
 from primitives.files import read_mapping
 
@@ -35,11 +36,23 @@ PROFILE = "profile.yaml"
 RESULTS_CONFIG = "results/config.yaml"
 SUMMARY_METRICS = "results/summary_lifecycle_metrics.json"
 _STAGE_RE = re.compile(r"^stage_(\d+)_lifecycle_metrics\.json$")
+# Each latency's block under ``successes.latency`` in the lifecycle files.
+LATENCY_FILE_KEYS = {
+    "e2e": "request_latency",
+    "ttft": "time_to_first_token",
+    "itl": "inter_token_latency",
+    "tpot": "time_per_output_token",
+}
 
 
 @dataclass(frozen=True)
 class LifecycleMetrics:
-    """Client-side request metrics of a run or a stage (means in seconds, over successes)."""
+    """Client-side request metrics of a run or a stage (seconds, over successes).
+
+    ``distributions``: per latency (``e2e``, ``ttft``, ``itl``, ``tpot``) its percentiles by
+    key (``p0.1`` ... ``p99.9``, ``primitives.distribution``), where known. It stays out of
+    the repr and of comparisons, so fingerprints made from the means do not change.
+    """
 
     successes: int
     failures: int
@@ -47,6 +60,13 @@ class LifecycleMetrics:
     ttft_mean_s: float | None = None
     itl_mean_s: float | None = None
     tpot_mean_s: float | None = None
+    distributions: dict[str, dict[str, float]] = field(default_factory=dict, repr=False, compare=False)
+
+    def stat_s(self, metric: str, stat: str) -> float | None:
+        """``mean`` or a percentile key (``p90``) of METRIC, in seconds; None when unknown."""
+        if stat == "mean":
+            return getattr(self, f"{metric}_mean_s")
+        return self.distributions.get(metric, {}).get(stat)
 
     def as_dict(self) -> dict[str, float | int | None]:
         return {
@@ -214,20 +234,34 @@ def _parse_metrics_file(path: Path) -> LifecycleMetrics:
     successes = _num_field(data, "successes.count", path, integer=True, allow_zero=True)
     failures = _num_field(data, "failures.count", path, integer=True, allow_zero=True)
     means: dict[str, float | None] = {}
-    keys = {
-        "e2e_mean_s": "request_latency",
-        "ttft_mean_s": "time_to_first_token",
-        "itl_mean_s": "inter_token_latency",
-        "tpot_mean_s": "time_per_output_token",
-    }
-    for out_key, src in keys.items():
+    distributions: dict[str, dict[str, float]] = {}
+    for metric, src in LATENCY_FILE_KEYS.items():
         dotted = f"successes.latency.{src}.mean"
         if successes == 0:
             raw = _get(data, dotted, path, None)
-            means[out_key] = None if raw is None else float(_number(raw, path, dotted, allow_zero=True))
+            means[f"{metric}_mean_s"] = None if raw is None else float(_number(raw, path, dotted, allow_zero=True))
         else:
-            means[out_key] = float(_num_field(data, dotted, path, allow_zero=True))
-    return LifecycleMetrics(successes=int(successes), failures=int(failures), **means)
+            means[f"{metric}_mean_s"] = float(_num_field(data, dotted, path, allow_zero=True))
+        distributions[metric] = _percentiles_field(data, f"successes.latency.{src}", path)
+    return LifecycleMetrics(
+        successes=int(successes),
+        failures=int(failures),
+        **means,
+        distributions={k: v for k, v in distributions.items() if v},
+    )
+
+
+def _percentiles_field(data: dict, dotted: str, path: Path) -> dict[str, float]:
+    """The percentiles present in one latency block (``median`` is ``p50``); absent ones are left out."""
+    block = _get(data, dotted, path, None)
+    if not isinstance(block, dict):
+        return {}
+    out = {}
+    for p in PERCENTILES:
+        name = "median" if p == 50 else stat_key(p)
+        if block.get(name) is not None:
+            out[stat_key(p)] = float(_number(block[name], path, f"{dotted}.{name}", allow_zero=True))
+    return out
 
 
 def load_observed(results_dir: Path) -> ObservedMetrics | None:

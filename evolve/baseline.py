@@ -1,0 +1,52 @@
+"""The BLIS blackbox baseline a validation is compared with.
+
+BLIS's blackbox latency model prices a step as ``beta0 + beta1 * prefill_tokens + beta2 *
+decode_tokens`` with three coefficients **per model** (and its queueing time per model too).
+Here it is fitted on the same data the search fits on, the simplest honest way:
+
+1. the replay rows of every experiment with results (mean E2E, TTFT and ITL of the whole
+   run and of each load stage, as linear functions of the per-step times; teacher-forced
+   and linearised around a closed loop anchored at the observed ITL), recorded once with
+   the reference physics model (``evolve.calibration.build_replay_rows``, the search's own
+   first recording), so the baseline does not depend on the model under test;
+2. per model, the expression ``prefill_tokens + decode_tokens`` refitted on that model's
+   rows only (``fitness.validate.refit``: intercept and coefficients >= 0, the fitted
+   queueing terms);
+3. every experiment simulated in the same closed loop as the model under test, with its
+   model's fitted baseline (``fitness.validate.closed_loop_runs``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sympy as sp
+
+from evolve.calibration import build_replay_rows, scored_experiments
+from fitness.validate import closed_loop_runs, default_jobs, refit
+from primitives.deployment import DeploymentResolver
+from primitives.errors import InputError
+
+BLACKBOX_TERMS = ("prefill_tokens", "decode_tokens")
+METHOD = (
+    "BLIS blackbox, per model: beta0 + beta1*prefill_tokens + beta2*decode_tokens and the queueing terms, "
+    "least squares on the replay rows (whole-run and per-stage mean E2E, TTFT, ITL) of that model's "
+    "experiments, recorded with the reference physics model anchored at the observed ITL; then the closed loop"
+)
+
+
+def blackbox_baseline(experiments_dir, resolver: DeploymentResolver, seed: int = 0, jobs: int | None = None) -> dict:
+    """Fit the per-model blackbox on the experiments with results and validate it in the closed loop."""
+    jobs = jobs or default_jobs()
+    specs = scored_experiments(Path(experiments_dir))
+    rows = build_replay_rows(Path(experiments_dir), resolver, list(BLACKBOX_TERMS), seed, jobs)
+    terms = [sp.Symbol(t) for t in BLACKBOX_TERMS]
+    model_of = {s.name: resolver.resolve(s.model, s.tp).model.name for s in specs}
+    fitted: dict[str, dict] = {}
+    for model in sorted(set(rows.models)):
+        got = refit(terms, rows, lambda e, _label, model=model: rows.models[e] == model)
+        if got is None:
+            raise InputError(experiments_dir, "results", f"could not fit the blackbox baseline of {model}")
+        fitted[model] = {"expression": got[0], "overheads": got[1]}
+    runs = [(s, fitted[model_of[s.name]]["expression"], fitted[model_of[s.name]]["overheads"]) for s in specs]
+    return {"method": METHOD, "models": fitted, "experiments": closed_loop_runs(runs, resolver, seed, jobs)}

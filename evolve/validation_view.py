@@ -1,0 +1,241 @@
+"""What ``validate`` shows in the terminal, and its predicted-against-observed plot.
+
+Every table fits an 80-column terminal: the means (predicted / observed), the errors of
+the means and tails, the ranking check (``fitness.ranking``) and the summary. rich and
+matplotlib are imported by the functions that draw.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from evolve.report import fmt_number
+
+# ``validate``'s modes (evolve.validation): mode -> (what the command does, the table's title suffix)
+VALIDATE_MODES: dict[str | None, tuple[str, str]] = {
+    None: ("closed-loop runs", ""),
+    "lomo": ("leave-one-model-out refits and closed-loop runs", "leave one model out"),
+    "lowo": ("leave-one-workload-out refits and closed-loop runs", "leave one workload out"),
+    "stage-transfer": (
+        "low-rate-stage refit and closed-loop runs",
+        "fitted on low-rate stages, checked on high-rate stages",
+    ),
+}
+# (metric, stat) columns of the error table, and the latencies' display names and units
+ERROR_COLUMNS = (
+    ("e2e", "mean"),
+    ("e2e", "p90"),
+    ("e2e", "p99"),
+    ("ttft", "mean"),
+    ("ttft", "p90"),
+    ("ttft", "p99"),
+    ("itl", "mean"),
+    ("itl", "p90"),
+)
+LABELS = {"e2e": "E2E", "ttft": "TTFT", "itl": "ITL", "tpot": "TPOT"}
+MEAN_UNITS = (("e2e", "s", 1.0), ("ttft", "ms", 1e3), ("itl", "ms", 1e3))
+
+
+def experiment_label(item: dict) -> str:
+    """An item's experiment without the date prefix, with spaces where the name may wrap."""
+    name = re.sub(r"^\d{8}-\d{6}-", "", item["name"])
+    head, _, workload = name.rpartition("-")
+    name = f"{head.replace('-tp', ' tp')} {workload}" if head else name
+    if "held_out_stage" in item:  # stage transfer: one row per high-rate stage
+        name += f" (stage {item['held_out_stage']})"
+    elif item.get("held_out_model") or item.get("held_out_workload"):
+        name += " (held out)"
+    return name
+
+
+def fmt_error(value: float | None) -> str:
+    """A signed relative error as a coloured percentage (green within 10%, yellow within 15%)."""
+    if value is None:
+        return "—"
+    colour = "green" if abs(value) <= 0.10 else ("yellow" if abs(value) <= 0.15 else "red")
+    pct = 100.0 * value
+    text = f"{pct:+.1f}%" if abs(pct) < 100 else (f"{pct:+.0f}%" if pct < 1000 else ">999%")
+    return f"[{colour}]{text}[/]"
+
+
+def fmt_value(value: float | None, scale: float = 1.0) -> str:
+    """Three significant figures or so, without exponents ('—' when missing)."""
+    if value is None:
+        return "—"
+    x = value * scale
+    return f"{x:.0f}" if abs(x) >= 100 else (f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}")
+
+
+def _table(title: str):
+    from rich import box
+    from rich.table import Table
+
+    return Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False, title_justify="left")
+
+
+def means_table(result: dict, title: str):
+    """Per experiment: mean E2E, TTFT, ITL and the failed share, predicted / observed."""
+    t = _table(title)
+    t.add_column("experiment", overflow="fold", ratio=1)
+    for m, unit, _ in MEAN_UNITS:
+        t.add_column(f"{LABELS[m]} {unit}", justify="right", no_wrap=True)
+    t.add_column("failed %", justify="right", no_wrap=True)
+    for it in result.get("experiments", []):
+        cells = [
+            f"{fmt_value(it.get(f'{m}_mean_pred_s'), k)} / {fmt_value(it.get(f'{m}_mean_obs_s'), k)}"
+            for m, _, k in MEAN_UNITS
+        ]
+        fail = [it.get("failure_fraction_pred"), it.get("failure_fraction_obs")]
+        if fail == [None, None] and "failures_pred" in it:  # items from before failure fractions
+            fail = [it.get("failures_pred"), it.get("failures_obs")]
+            cells.append(" / ".join("—" if f is None else str(f) for f in fail))
+        else:
+            cells.append(" / ".join(fmt_value(f, 100.0) for f in fail))
+        t.add_row(experiment_label(it), *cells)
+    return t
+
+
+def errors_table(result: dict, title: str):
+    """Per experiment: the signed errors of the means and tails of E2E, TTFT and ITL."""
+    t = _table(title)
+    t.add_column("experiment", overflow="fold", ratio=1)
+    for m, stat in ERROR_COLUMNS:
+        t.add_column(f"{LABELS[m]}\n{stat}", justify="right", no_wrap=True)
+    for it in result.get("experiments", []):
+        errors = [_error(it, m, stat) for m, stat in ERROR_COLUMNS]
+        t.add_row(experiment_label(it), *(fmt_error(e) for e in errors))
+    return t
+
+
+def _error(item: dict, metric: str, stat: str) -> float | None:
+    """An error of an item; the mean's also under its first name (``e2e_error``), as older results have it."""
+    if f"{metric}_{stat}_error" in item:
+        return item[f"{metric}_{stat}_error"]
+    return item.get(f"{metric}_error") if stat == "mean" else None
+
+
+def ranking_table(ranking: list[dict]):
+    """Wrongly ordered pairs of experiments (of those apart by more than the threshold), and Kendall's tau."""
+    t = _table("Ranking: pairs apart by > 10%, and how many are ordered wrongly")
+    for col in ("statistic", "pairs", "model wrong", "baseline wrong", "tau model", "tau baseline"):
+        t.add_column(col, justify="left" if col == "statistic" else "right")
+    for r in ranking:
+        metric, stat = r["stat"].split("_")
+        t.add_row(
+            f"{LABELS.get(metric, metric)} {stat}",
+            str(r["pairs"]),
+            str(r["inversions"]),
+            str(r.get("baseline_inversions", "—")),
+            fmt_value(r.get("kendall_tau")),
+            fmt_value(r.get("baseline_kendall_tau")),
+        )
+    return t
+
+
+_SUMMARY_KEY = re.compile(r"^(e2e|ttft|itl|tpot)(?:_(mean|p\d+(?:\.\d+)?))?_error_(mean|max)$")
+
+
+def summary_table(summary: dict, title: str = "Summary: |error| of the experiments"):
+    """The summary's error statistics as rows (metric and statistic) by columns (mean, max); the rest below."""
+    t = _table(title)
+    t.add_column("latency")
+    t.add_column("mean |error|", justify="right")
+    t.add_column("max |error|", justify="right")
+    rows: dict[str, dict[str, float]] = {}
+    other = []
+    for key, value in summary.items():
+        if isinstance(value, dict):
+            continue
+        m = _SUMMARY_KEY.match(key)
+        if m:
+            rows.setdefault(f"{LABELS[m.group(1)]} {m.group(2) or 'mean'}", {})[m.group(3)] = value
+        elif key.startswith("failure_fraction_diff_pp_"):
+            rows.setdefault("failed (pp)", {})[key.rsplit("_", 1)[1]] = value
+        else:
+            other.append(f"{key} {fmt_number(value)}")
+    pct = lambda x: "—" if x is None else f"{100 * x:.1f}%" if abs(x) < 10 else f"{100 * x:.0f}%"  # noqa: E731
+    order = [f"{LABELS[m]} {stat}" for m in LABELS for stat in ("mean", "p50", "p90", "p99")]
+    for label, v in sorted(rows.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)):
+        fmt = fmt_value if label == "failed (pp)" else pct
+        t.add_row(label, fmt(v.get("mean")), fmt(v.get("max")))
+    t.caption = ", ".join(other) or None
+    return t
+
+
+def print_validation(console, result: dict, title: str) -> None:
+    """Every table of a validation (the per-held-out-group summaries too) and the plot's path."""
+    from evolve.report import rows_table
+
+    console.print(means_table(result, f"{title}: means, predicted / observed"))
+    console.print(errors_table(result, f"{title}: errors, predicted / observed - 1"))
+    if result.get("ranking"):
+        console.print(ranking_table(result["ranking"]))
+    console.print(summary_table(result.get("summary", {})))
+    for key, groups in result.get("summary", {}).items():  # per held-out model or workload
+        if isinstance(groups, dict):
+            console.print(rows_table([{"name": g, **v} for g, v in groups.items()], title=f"per held-out {key[:-1]}"))
+    if result.get("plot"):
+        console.print(f"plot: {result['plot']}", markup=False, highlight=False, soft_wrap=True)
+
+
+def predicted_vs_observed_figure(items: list[dict], title: str, stats: tuple[str, ...] = ("mean",)):
+    """One panel per statistic (rows) and latency (E2E, TTFT, ITL): predicted against observed, ±10% band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    from fitness.replay_rows import REPLAY_METRICS
+
+    rows = [i for i in items if i.get("e2e_mean_obs_s") is not None]
+    if not rows:
+        return None
+    fig, axes = plt.subplots(len(stats), 3, figsize=(13, 4.2 * len(stats)), squeeze=False)
+    models = sorted({i["model"] for i in rows})
+    colours = dict(zip(models, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+    for stat, axrow in zip(stats, axes, strict=True):
+        for ax, m in zip(axrow, REPLAY_METRICS, strict=True):
+            have = [i for i in rows if i.get(f"{m}_{stat}_obs_s") and i.get(f"{m}_{stat}_pred_s")]
+            if not have:
+                ax.set_axis_off()
+                continue
+            obs = np.array([i[f"{m}_{stat}_obs_s"] for i in have])
+            pred = np.array([i[f"{m}_{stat}_pred_s"] for i in have])
+            lo, hi = min(obs.min(), pred.min()) * 0.8, max(obs.max(), pred.max()) * 1.25
+            xs = np.geomspace(lo, hi, 50)
+            ax.fill_between(xs, xs * 0.9, xs * 1.1, color="0.9", label="±10%")
+            ax.plot(xs, xs, color="0.5", lw=1)
+            for model in models:
+                sel = [k for k, i in enumerate(have) if i["model"] == model]
+                ax.scatter(obs[sel], pred[sel], s=28, color=colours[model], label=model)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            for axis in (ax.xaxis, ax.yaxis):  # labels at 1, 2 and 5 of each decade: short ranges get some too
+                axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+                axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                axis.set_minor_formatter(NullFormatter())
+            ax.set_xlim(lo, hi)
+            ax.set_ylim(lo, hi)
+            ax.set_xlabel(f"observed {stat} {m.upper()} (s)")
+            ax.set_ylabel(f"predicted {stat} {m.upper()} (s)")
+            ax.set_title(f"{m.upper()} {stat}")
+    axes[0][0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_predicted_vs_observed(items: list[dict], path: Path, title: str) -> Path | None:
+    """The means' predicted-against-observed figure, saved as PNG at PATH (None without results)."""
+    fig = predicted_vs_observed_figure(items, title)
+    if fig is None:
+        return None
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,245 @@
+"""Tails in ``validate``: the JSON fields, the ranking check, the blackbox baseline, the
+80-column tables and the HTML report (opened in a real headless browser where one exists)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+from scipy.stats import kendalltau
+from test_validate import LLAMA_7B, LLAMA_70B, entry, observe, write_experiment
+
+from evolve.baseline import blackbox_baseline
+from evolve.html_report import write_report
+from evolve.report import print_entries
+from evolve.validation import validate_entry
+from evolve.validation_view import print_validation
+from fitness.ranking import ranking, ranking_check
+from primitives.deployment import default_resolver
+
+STATS = ("mean", "p50", "p90", "p99")
+# the law behind the 'observations': another model than the validated one
+LAW = "1500.0 + 1.2*weight_time_us + 1.5*kv_io_time_us + 30.0*allreduce_calls"
+
+
+@pytest.fixture(scope="module")
+def validated(tmp_path_factory):
+    """Four experiments with results (two models, two stages each) and one withheld, validated
+    with the baseline; the result and the folder."""
+    root = tmp_path_factory.mktemp("exps")
+    for (model, tp), short in [(LLAMA_7B, "llama-2-7b-tp1"), (LLAMA_70B, "llama-2-70b-hf-tp4")]:
+        for stages, workload in [([(1.0, 8), (3.0, 8)], "codegen"), ([(2.0, 8), (5.0, 8)], "general")]:
+            d = write_experiment(root, f"20260101-000000-{short}-{workload}", model, tp, stages=stages)
+            observe(d, LAW)
+    write_experiment(root, "20260101-000000-llama-2-7b-tp1-reasoning", *LLAMA_7B, rate=3.0, duration=8)
+    res = validate_entry(entry(), root, None, default_resolver(), jobs=1, baseline=True, plot_dir=root / "report")
+    return res, root
+
+
+def test_the_json_keeps_every_field_and_adds_the_tails(validated, tmp_path, monkeypatch):
+    res, _ = validated
+    items = {i["name"].split("-", 2)[-1]: i for i in res["experiments"]}
+    got, withheld = items["llama-2-70b-hf-tp4-general"], items["llama-2-7b-tp1-reasoning"]
+    for scope in [got, *got["stages"]]:
+        for m in ("e2e", "ttft", "itl", "tpot"):
+            for stat in STATS:
+                p, o, e = (scope[f"{m}_{stat}_{k}"] for k in ("pred_s", "obs_s", "error"))
+                assert p > 0 and o > 0 and e == pytest.approx(p / o - 1)
+        assert scope["e2e_error"] == scope["e2e_mean_error"] and scope["e2e_mean_pred_s"] > 0
+        assert scope["failure_fraction_pred"] == 0.0 and scope["failure_fraction_obs"] == 0.0
+        curves = scope["percentiles_s"]["ttft"]
+        assert list(curves["obs"]) == list(curves["pred"]) and curves["obs"]["p90"] == scope["ttft_p90_obs_s"]
+    assert got["e2e_p99_pred_s"] >= got["e2e_p90_pred_s"] >= got["e2e_p50_pred_s"]
+    assert withheld["e2e_p99_pred_s"] > 0 and withheld["e2e_p99_obs_s"] is None and withheld["e2e_p99_error"] is None
+    summary = res["summary"]
+    assert summary["e2e_p99_error_max"] == pytest.approx(
+        max(abs(i["e2e_p99_error"]) for i in items.values() if i["e2e_p99_error"] is not None)
+    )
+    assert {"e2e_error_mean", "itl_p90_error_mean", "tpot_p50_error_max"} <= set(summary)
+    json.dumps(res)  # plain JSON all the way down
+
+
+def test_self_observed_tails_have_no_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    observe(write_experiment(tmp_path, "x-llama-2-7b-tp1-general", *LLAMA_7B, stages=[(2.0, 8), (6.0, 8)]))
+    res = validate_entry(entry(), tmp_path, None, default_resolver(), jobs=1)
+    (item,) = res["experiments"]
+    for scope in [item, *item["stages"]]:
+        for m in ("e2e", "ttft", "itl", "tpot"):
+            for stat in STATS:
+                assert scope[f"{m}_{stat}_error"] == pytest.approx(0.0, abs=1e-9), (m, stat)
+    assert res["ranking"][0]["experiments"] == 1 and res["ranking"][0]["pairs"] == 0 and "baseline" not in res
+
+
+def _item(name, obs, pred, stat="e2e_p99"):
+    return {"name": name, f"{stat}_obs_s": obs, f"{stat}_pred_s": pred}
+
+
+def test_ranking_counts_wrong_orders_among_pairs_apart():
+    obs = [1.0, 1.05, 2.0, 4.0, 3.0]
+    pred = [1.1, 1.0, 3.0, 2.5, 2.5]
+    items = [_item(n, o, p) for n, o, p in zip("abcde", obs, pred, strict=True)] + [_item("f", None, 9.0)]
+    r = ranking(items, "e2e_p99")
+    # a-b are 5% apart: not counted (though ordered wrongly); every other pair is apart by more than 10%
+    assert r["experiments"] == 5 and r["pairs"] == 9
+    # c-d (2.0 < 4.0, predicted 3.0 > 2.5), c-e (2.0 < 3.0, 3.0 > 2.5), d-e (tie: wrong)
+    assert r["inversions"] == 3 and sorted(map(tuple, r["inverted_pairs"])) == [("c", "d"), ("c", "e"), ("d", "e")]
+    assert r["kendall_tau"] == pytest.approx(kendalltau(obs, pred).statistic)
+    perfect = ranking([_item(n, o, 2 * o) for n, o in zip("abcde", obs, strict=True)], "e2e_p99")
+    assert perfect["inversions"] == 0 and perfect["kendall_tau"] == pytest.approx(1.0)
+    both = ranking_check(
+        items + [_item("a", None, None, "ttft_p99")], [_item(n, o, 2 * o) for n, o in zip("abcde", obs, strict=True)]
+    )
+    assert [b["stat"] for b in both] == ["e2e_p99", "ttft_p99"]
+    assert both[0]["baseline_inversions"] == 0 and both[0]["baseline_pairs"] == both[0]["pairs"] == 9
+    assert both[1]["experiments"] == 0 and both[1]["kendall_tau"] is None
+
+
+def test_baseline_is_a_per_model_blackbox_in_the_closed_loop(validated):
+    res, root = validated
+    base = res["baseline"]
+    assert set(base["models"]) == {"Llama-2-7b-hf", "Llama-2-70b-hf"}
+    for fit in base["models"].values():
+        assert re.search(r"prefill_tokens", fit["expression"]) or re.search(r"decode_tokens", fit["expression"])
+        assert not {"weight_time_us", "kv_io_time_us"} & set(re.findall(r"[a-z_]+", fit["expression"]))
+    names = sorted(i["name"] for i in base["experiments"])
+    assert names == sorted(i["name"] for i in res["experiments"] if i["e2e_mean_obs_s"] is not None)
+    # the observations follow one law per model; three coefficients per model track its means
+    assert base["summary"]["e2e_error_max"] < 0.05
+    assert all("baseline_inversions" in r for r in res["ranking"])
+
+
+def test_blackbox_baseline_fits_each_model_apart(tmp_path):
+    """Two models whose steps follow different blackbox laws: one shared blackbox could not
+    follow both, the per-model fits do (E2E and ITL; the means' rows leave TTFT less pinned)."""
+    laws = {
+        LLAMA_7B: "4000.0 + 2.0*prefill_tokens + 60.0*decode_tokens",
+        LLAMA_70B: "9000.0 + 9.0*prefill_tokens + 150.0*decode_tokens",
+    }
+    for (model, tp), law in laws.items():
+        for rate, workload in [(1.0, "codegen"), (4.0, "general")]:
+            name = f"x-{model.split('/')[1].lower()}-tp{tp}-{workload}"
+            observe(write_experiment(tmp_path, name, model, tp, rate=rate, duration=8), law)
+    base = blackbox_baseline(tmp_path, default_resolver(), jobs=1)
+    assert len({v["expression"] for v in base["models"].values()}) == 2
+    assert len(base["experiments"]) == 4
+    for m in ("e2e", "itl"):
+        assert max(abs(i[f"{m}_error"]) for i in base["experiments"]) < 0.03, m
+
+
+def _lines(renderable_printer) -> list[str]:
+    console = Console(width=80, record=True, force_terminal=False)
+    renderable_printer(console)
+    return console.export_text().splitlines()
+
+
+def test_validate_tables_fit_80_columns(validated):
+    res, _ = validated
+    lines = _lines(lambda c: print_validation(c, res, "Validation of abc123"))
+    assert max(len(line) for line in lines) <= 80
+    text = "\n".join(lines)
+    for words in ("E2E s", "p99", "Ranking", "model wrong", "TTFT p90", "llama-2-70b-hf tp4"):
+        assert words in text
+
+
+def test_long_expressions_go_below_the_table():
+    long = " + ".join(f"{i}.5*kv_tokens*batch_size" for i in range(12))
+    entries = [replace(entry(e), id=f"id{i:010d}") for i, e in enumerate(["2.0*decode_tokens", long])]
+    lines = _lines(lambda c: print_entries(c, entries, entries[1].id, "front"))
+    table = lines[: next(i for i, line in enumerate(lines) if line.startswith("expressions"))]
+    assert max(len(line) for line in table) <= 80 and "kv_tokens" not in "\n".join(table)
+    assert f"* {entries[1].id}  {long}" in lines  # whole, on one line (the terminal wraps it)
+    short = _lines(lambda c: print_entries(c, entries[:1], None, "front"))
+    assert any("2.0*decode_tokens" in line and "id0000000000" in line for line in short)  # fits: in its column
+
+
+def _browser() -> str | None:
+    return next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+
+
+CHECK = """<script>
+window.addEventListener('load', () => {
+  const imgs = [...document.images];
+  const ok = imgs.filter(i => i.complete && i.naturalWidth > 0).length;
+  const headings = [...document.querySelectorAll('h2')].map(h => h.textContent);
+  const tables = document.querySelectorAll('table').length;
+  document.body.setAttribute('data-check', JSON.stringify({images: imgs.length, loaded: ok, tables, headings}));
+});
+</script></body>"""
+
+
+def test_html_report_opens_in_a_browser_with_every_image(validated, tmp_path):
+    res, root = validated
+    page = write_report(res, entry(), tmp_path / "report", str(root))
+    html = page.read_text()
+    assert html.startswith("<!DOCTYPE html>") and "src='http" not in html and 'src="http' not in html
+    assert html.count("data:image/png;base64,") == 1 + len(res["experiments"])  # the grid, one curve figure each
+    browser = _browser()
+    if browser is None:
+        pytest.skip("no headless browser (chromium) on this machine: install the system package to run this check")
+    probe = tmp_path / "probe.html"
+    probe.write_text(html.replace("</body>", CHECK))
+    out = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            probe.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    m = re.search(r"data-check=\"([^\"]*)\"", out.stdout)
+    assert m, out.stderr[-2000:]
+    check = json.loads(m.group(1).replace("&quot;", '"'))
+    assert check["images"] == 1 + len(res["experiments"]) and check["loaded"] == check["images"]
+    assert check["tables"] >= 6
+    for section in ("Summary", "Ranking check", "The model", "Baseline: BLIS blackbox"):
+        assert any(h.startswith(section) for h in check["headings"]), check["headings"]
+
+
+def test_cli_report_and_its_bad_input(tmp_path, monkeypatch, capsys, validated):
+    from test_cli_commands import ENTRY, fake_module
+
+    from evolve.cli import main
+
+    res, _ = validated
+    seen = {}
+
+    def fake_validate_entry(entry, experiments_dir, mode, resolver, baseline=False, plot_dir=None):
+        seen.update(baseline=baseline, plot_dir=plot_dir)
+        return res
+
+    monkeypatch.chdir(tmp_path)
+    from archive.rundir import RunDir, record_latest
+    from archive.store import ArchiveStore
+
+    with ArchiveStore(RunDir(tmp_path / "runs" / "r0").archive) as store:
+        store.start_run("r0", {}, 0, "fp")
+        store.record_generation("r0", 1, [ENTRY], [ENTRY], {})
+    record_latest(tmp_path / "runs" / "r0")
+    fake_module(monkeypatch, "evolve.validation", validate_entry=fake_validate_entry)
+    (tmp_path / "exps").mkdir()
+    assert main(["validate", ENTRY.id, "--experiments", "exps", "--report", "out/rep", "--json", "v.json"]) == 0
+    assert seen == {"baseline": True, "plot_dir": Path("out/rep")}
+    assert (tmp_path / "out" / "rep" / f"validate-{ENTRY.id}.html").is_file()
+    assert json.loads((tmp_path / "v.json").read_text())["ranking"][0]["stat"] == "e2e_p99"
+    assert "report: " in capsys.readouterr().out
+    assert main(["validate", ENTRY.id, "--experiments", "exps", "--report", "r", "--lomo"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1 and "--report" in err
+    (tmp_path / "afile").write_text("x")
+    assert main(["validate", ENTRY.id, "--experiments", "exps", "--report", "afile"]) == 2
+    assert "not a directory" in capsys.readouterr().err
+    assert np.isfinite(res["ranking"][0]["kendall_tau"])
