@@ -224,9 +224,9 @@ def _overheads(overheads: dict) -> str:
 
 def _model_section(entry) -> str:
     from fitness.physics_check import term_efficiencies
-    from fitness.scoring import DEFAULT_EFFICIENCY_BOUNDS
+    from fitness.scoring import run_efficiency_bounds
 
-    bounds = tuple((entry.run_config or {}).get("efficiency_bounds") or DEFAULT_EFFICIENCY_BOUNDS)
+    bounds = run_efficiency_bounds(entry.run_config)
     eff = [
         [f"<code>{escape(r['term'])}</code>", f"{r['coefficient']:.5g}", escape(r["kind"]), escape(r["on_bound"] or "")]
         for r in term_efficiencies(entry.expression, bounds)

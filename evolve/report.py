@@ -292,9 +292,9 @@ def entry_detail(entry: ArchiveEntry) -> list:
 def efficiency_table(entry: ArchiveEntry):
     """Each term's fitted coefficient and kind; an efficiency sitting on its bound is flagged."""
     from fitness.physics_check import term_efficiencies
-    from fitness.scoring import DEFAULT_EFFICIENCY_BOUNDS
+    from fitness.scoring import run_efficiency_bounds
 
-    bounds = tuple((entry.run_config or {}).get("efficiency_bounds") or DEFAULT_EFFICIENCY_BOUNDS)
+    bounds = run_efficiency_bounds(entry.run_config)
     rows = [
         {
             "term": r["term"],

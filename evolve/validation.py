@@ -38,7 +38,7 @@ from evolve.validation_view import VALIDATE_MODES as MODES
 from evolve.validation_view import plot_predicted_vs_observed
 from fitness.ranking import ranking_check
 from fitness.replay_rows import REPLAY_METRICS
-from fitness.scoring import error_stats
+from fitness.scoring import error_stats, run_efficiency_bounds
 from fitness.validate import closed_loop_items, default_jobs, refit, split_terms, summarise
 from primitives.data.experiments import ExperimentSpec, find_experiments
 from primitives.deployment import DeploymentResolver
@@ -171,7 +171,7 @@ def _transfer(entry, experiments_dir: Path, mode: str, resolver, jobs, seed, plo
     per_group: dict[str, dict] = {}
     for fold in folds:
         keep = lambda e, label, fold=fold: fold.keep(rows.names[e], label)  # noqa: E731
-        fitted = refit(terms, rows, keep, tuple((entry.run_config or {}).get("efficiency_bounds") or (0.5, 4.0)))
+        fitted = refit(terms, rows, keep, run_efficiency_bounds(entry.run_config))
         if fitted is None:
             raise InputError(entry.id, "expression", f"could not refit its constants without the {fold.held}")
         expression, overheads = fitted

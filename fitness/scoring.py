@@ -32,6 +32,11 @@ WORST = 1e9  # the score of a candidate that produced NaN/inf or fitted nothing
 DEFAULT_EFFICIENCY_BOUNDS = (0.5, 4.0)  # a µs term's coefficient: from twice as fast as ideal to 4x slower
 
 
+def run_efficiency_bounds(run_config: Mapping | None) -> tuple[float, float]:
+    """The efficiency bounds a run searched with (its ``run.json``), else the default."""
+    return tuple((run_config or {}).get("efficiency_bounds") or DEFAULT_EFFICIENCY_BOUNDS)
+
+
 @dataclass
 class FitnessContext:
     steps: StepTable | None

@@ -105,9 +105,9 @@ def primitive_columns(
     """
     n = len(next(iter(features.values()))) if features else len(np.atleast_1d(next(iter(constants.values()))))
     out = {}
+    values = {**constants, **features}  # plus each primitive's __kernel<i> results, set before use
     for name in names:
         fn, args, calls = _primitive_parts(name)
-        values = {**constants, **features}
         for i, (kernel, arg_fn, inner) in enumerate(calls):
             call_args = [
                 np.broadcast_to(np.asarray(a, dtype=np.float64), (n,)) for a in arg_fn(*[values[a] for a in inner])
