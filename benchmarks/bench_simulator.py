@@ -1,8 +1,11 @@
 """Speed and sanity of the closed-loop simulator and the teacher-forced replay.
 
 Prints:
-1. the closed-loop wall time of the 16,800-request Llama-2-70B TP4 general experiment
-   (2 stages of 600 s at 8 and 20 req/s) with a cheap physics LatencyModel, on one core;
+1. the closed-loop CPU time of the 16,800-request Llama-2-70B TP4 general experiment
+   (2 stages of 600 s at 8 and 20 req/s) with a hand-made physics expression, on one core,
+   through the Python reference loop and the compiled core in the same run (their ratio,
+   and whether the per-request latencies are identical), and the compiled core's one-off
+   costs: compiling in a process with an empty cache, loading the cache in a later one;
 2. the teacher-forced replay time of one candidate over the 12 experiments with results
    (given per-step times), and the time to build / apply the linear forms;
 3. simulated vs observed E2E / TTFT / ITL means per experiment (and per stage) for a
@@ -22,6 +25,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -30,7 +34,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fitness.sim.engine import simulate  # noqa: E402
-from fitness.sim.models import PhysicsLatencyModel  # noqa: E402
+from fitness.sim.models import ExpressionLatencyModel  # noqa: E402
 from fitness.sim.replay import evaluate_weights, metric_weights, replay  # noqa: E402
 from primitives.data.experiments import find_experiments  # noqa: E402
 from primitives.data.roots import shared_data_root  # noqa: E402
@@ -40,19 +44,75 @@ from primitives.errors import InputError  # noqa: E402
 SPEED_EXPERIMENT = "llama-2-70b-tp4-general"
 
 
-def hand_model(deployment, tp: int) -> PhysicsLatencyModel:
-    """A plausible hand-made physics model (not fitted): roofline weights/matmul, KV reads,
-    per-layer launches, TP-dependent all-reduce latency, per-request CPU, ~9 ms API overhead."""
-    return PhysicsLatencyModel(
-        deployment=deployment,
-        weight_coef=1.2,
-        kv_coef=1.2,
-        matmul_coef=1.4,
-        per_layer_us=15.0,
-        allreduce_latency_us=6.0 * (tp - 1),
-        per_request_us=15.0,
-        queueing_base_us=9000.0,
-    )
+# weights or matmuls (roofline), KV reads, per-layer launches, TP all-reduce latency, per-request CPU
+HAND_EXPRESSION = (
+    "max(1.2*weight_time_us, 1.4*matmul_time_us) + 1.2*kv_io_time_us + 15*n_layers"
+    " + 6*(tp - 1)*allreduce_calls + 15*batch_size"
+)
+
+
+def hand_model(deployment) -> ExpressionLatencyModel:
+    """A plausible hand-made physics model (not fitted), with ~9 ms of API overhead."""
+    return ExpressionLatencyModel(HAND_EXPRESSION, deployment, {"queueing_base_us": 9000.0})
+
+
+COMPILE_PROBE = """
+import sys, time
+sys.path.insert(0, {root!r})
+from fitness.sim.engine import simulate
+from fitness.sim.models import ExpressionLatencyModel
+from primitives.data.experiments import ExperimentSpec
+from primitives.deployment import DeploymentResolver
+dep = DeploymentResolver().resolve("meta-llama/Llama-2-7b-hf", 1)
+model = ExpressionLatencyModel({expr!r}, dep, {{"queueing_base_us": 9000.0}})
+spec = ExperimentSpec(name="probe", model=dep.model.name, tp=1, stages=((4.0, 10.0),), num_groups=2,
+    num_prompts_per_group=3, system_prompt_len=40, question_len=60, output_len=20,
+    max_num_batched_tokens=256, max_num_seqs=8, stage_interval_s=0.5)
+t1 = time.perf_counter()
+simulate(spec, dep, model, engine="compiled", kv_capacity_blocks=1000)
+t2 = time.perf_counter()
+simulate(spec, dep, model, engine="compiled", kv_capacity_blocks=1000)
+t3 = time.perf_counter()
+print(t2 - t1 - (t3 - t2))
+"""
+
+
+def first_call_cost_s(cache_dir: str) -> float:
+    """Seconds the first compiled run of a fresh process costs beyond a warm one, with CACHE_DIR as numba's cache."""
+    import subprocess
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
+    root = str(Path(__file__).resolve().parent.parent)
+    probe = COMPILE_PROBE.format(root=root, expr=HAND_EXPRESSION)
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def closed_loop_speed(spec, dep, seed: int) -> None:
+    """The Python loop against the compiled core on SPEC, same model, same run."""
+    model = hand_model(dep)
+    simulate(spec, dep, model, seed=seed, record=False, engine="compiled")  # warm-up (compile or load)
+    for record in (False, True):
+        cpu, res = {}, {}
+        for engine in ("python", "compiled"):
+            c0 = time.process_time()
+            res[engine] = simulate(spec, dep, model, seed=seed, record=record, engine=engine)
+            cpu[engine] = time.process_time() - c0
+        steps = res["compiled"].n_steps
+        same = all(
+            np.array_equal(getattr(res["python"].requests, f), getattr(res["compiled"].requests, f), equal_nan=True)
+            for f in ("e2e_us", "ttft_us", "tpot_us", "status")
+        )
+        print(
+            f"closed loop {spec.name[-30:]} record={record}: python {cpu['python']:.2f} s CPU "
+            f"({1e6 * cpu['python'] / steps:.1f} us/step), compiled {cpu['compiled']:.3f} s "
+            f"({1e6 * cpu['compiled'] / steps:.2f} us/step): {cpu['python'] / cpu['compiled']:.0f}x; "
+            f"{spec.num_requests} requests, {steps} steps; per-request latencies identical: {same}"
+        )
+    with tempfile.TemporaryDirectory() as cache:
+        first = first_call_cost_s(cache)
+        later = first_call_cost_s(cache)
+    print(f"compiled core, first call in a new process: {first:.1f} s with an empty cache, {later:.2f} s cached")
 
 
 def _pct(sim, obs) -> str:
@@ -79,22 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if big is None:
         print(f"no experiment named *{SPEED_EXPERIMENT} under {args.experiments}", file=sys.stderr)
         return 2
-    dep = resolver.resolve(big.model, big.tp)
-    model = hand_model(dep, big.tp)
-    for record in (False, True):
-        t0, c0 = time.perf_counter(), time.process_time()
-        res = simulate(big, dep, model, seed=args.seed, record=record)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        print(
-            f"closed loop {big.name} record={record}: {wall:.2f} s wall ({cpu:.2f} s CPU), "
-            f"{big.num_requests} requests, {res.n_steps} steps ({1e6 * cpu / max(res.n_steps, 1):.0f} us CPU/step)"
-        )
-    if res.trajectory is not None:
-        tr = res.trajectory
-        print(
-            f"  trajectory: {tr.step_offsets[-1]:,} batch rows, mean batch {np.diff(tr.step_offsets).mean():.1f}, "
-            f"mean cycle {tr.step_cycle_us.mean() / 1e3:.2f} ms"
-        )
+    closed_loop_speed(big, resolver.resolve(big.model, big.tp), args.seed)
 
     # 2. replay speed -----------------------------------------------------------------
     with_results = [s for s in specs if s.observed is not None]
@@ -103,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for spec in with_results:
         d = resolver.resolve(spec.model, spec.tp)
-        m = hand_model(d, spec.tp)
+        m = hand_model(d)
         t1 = time.perf_counter()
         r = simulate(spec, d, m, seed=args.seed, record=True)
         rows.append((spec, r, time.perf_counter() - t1))
@@ -183,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nblind runs (no results): simulated outcome with the same model")
         for spec in blind:
             d = resolver.resolve(spec.model, spec.tp)
-            r = simulate(spec, d, hand_model(d, spec.tp), seed=args.seed, record=False)
+            r = simulate(spec, d, hand_model(d), seed=args.seed, record=False)
             s = r.metrics.summary
             e2e = f"{s.e2e_mean_s:7.1f}" if s.e2e_mean_s is not None else "      -"
             print(

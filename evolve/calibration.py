@@ -273,6 +273,9 @@ def refresh_every(config: RunConfig) -> int:
 def refresh_trajectories(search, config: RunConfig, resolver: DeploymentResolver, names: list[str], ui) -> None:
     """Re-record the trajectories with the search's current best model (closed loop), rescore."""
     model = replay_model_of(search.best_item()[1])
+    if model == search.state.replay_model:  # the same closed loop would record the same trajectories
+        ui.log(f"generation {search.state.generation}: the best model recorded the trajectories already; kept")
+        return
     ui.log(f"generation {search.state.generation}: refreshing trajectories with the current best model")
     rows = refresh_replay_rows(Path(config.experiments), resolver, model_entry(model), names, config.seed, config.jobs)
     search.replace_context(replace(search.ctx, replay=rows))

@@ -160,7 +160,7 @@ class BatchPrimitives:
         self.names = list(names)
         self.constants = deployment.constants
         needs_kernels = any(PRIMITIVE_BY_NAME[n].kernels for n in self.names)
-        self._kernels = deployment.kernels.functions() if needs_kernels else {}
+        self.kernel_functions = deployment.kernels.functions() if needs_kernels else {}
         needed: set[str] = set()
         for n in self.names:
             needed |= PRIMITIVE_BY_NAME[n].features
@@ -191,7 +191,7 @@ class BatchPrimitives:
         out = {}
         for n, fn, args, calls in self._prims:
             for i, (kernel, arg_fn, inner) in enumerate(calls):
-                values[f"__kernel{i}"] = self._kernels[kernel](*arg_fn(*[values[a] for a in inner]))
+                values[f"__kernel{i}"] = self.kernel_functions[kernel](*arg_fn(*[values[a] for a in inner]))
             out[n] = float(fn(*[values[a] for a in args]))
         return out
 

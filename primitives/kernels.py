@@ -45,13 +45,14 @@ from __future__ import annotations
 import csv
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
 from .errors import InputError
+from .lookup import lookup1, lookup1_array, lookup2, lookup2_array
 
 BUILTIN_KERNEL_GPUS = {"h100sxm": "h100", "h100": "h100"}
 
@@ -81,13 +82,6 @@ class LogGrid:
         return np.exp2(self.start + self.step * np.arange(self.count))
 
 
-def _lerp_index(grid: LogGrid, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    u = (np.log2(np.maximum(x, 1e-300)) - grid.start) / grid.step
-    u = np.clip(u, 0.0, grid.count - 1.0)
-    i = np.minimum(np.floor(u).astype(np.int64), grid.count - 2)
-    return i, u - i
-
-
 @dataclass(frozen=True)
 class Table1D:
     """log2(latency) sampled on a log2 grid of x."""
@@ -95,13 +89,17 @@ class Table1D:
     grid: LogGrid
     log2_us: tuple[float, ...]
 
+    @cached_property
+    def packed(self) -> tuple[np.ndarray, np.ndarray]:
+        """(params, values) as ``primitives.lookup`` takes them."""
+        g = self.grid
+        return np.array([g.start, g.step, g.count, 0.0]), np.asarray(self.log2_us, dtype=np.float64)
+
     def __call__(self, x):
-        scalar = np.ndim(x) == 0
-        x = np.asarray(x, dtype=np.float64)
-        i, t = _lerp_index(self.grid, x)
-        y = np.asarray(self.log2_us)
-        out = np.where(x > 0, np.exp2(y[i] * (1 - t) + y[i + 1] * t), 0.0)
-        return float(out) if scalar else out
+        params, values = self.packed
+        if np.ndim(x) == 0:
+            return lookup1(params, values, float(x))
+        return lookup1_array(params, values, np.asarray(x, dtype=np.float64))
 
 
 @dataclass(frozen=True)
@@ -112,15 +110,18 @@ class Table2D:
     y_grid: LogGrid
     log2_us: tuple[tuple[float, ...], ...]
 
+    @cached_property
+    def packed(self) -> tuple[np.ndarray, np.ndarray]:
+        g, h = self.x_grid, self.y_grid
+        params = np.array([g.start, g.step, g.count, h.start, h.step, h.count, 0.0, 0.0])
+        return params, np.asarray(self.log2_us, dtype=np.float64).ravel()
+
     def __call__(self, x, y):
-        scalar = np.ndim(x) == 0 and np.ndim(y) == 0
+        params, values = self.packed
+        if np.ndim(x) == 0 and np.ndim(y) == 0:
+            return lookup2(params, values, float(x), float(y))
         x, y = np.broadcast_arrays(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
-        i, s = _lerp_index(self.x_grid, x)
-        j, t = _lerp_index(self.y_grid, y)
-        z = np.asarray(self.log2_us)
-        v = (z[i, j] * (1 - t) + z[i, j + 1] * t) * (1 - s) + (z[i + 1, j] * (1 - t) + z[i + 1, j + 1] * t) * s
-        out = np.where((x > 0) & (y > 0), np.exp2(v), 0.0)
-        return float(out) if scalar else out
+        return lookup2_array(params, values, np.ascontiguousarray(x), np.ascontiguousarray(y))
 
 
 TOKEN_GRID = LogGrid(0.0, 0.25, 4 * 17 + 1)  # 1 .. 131,072 tokens

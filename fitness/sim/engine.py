@@ -22,9 +22,12 @@ The client side (arrivals, prompts, the two-events-per-token arithmetic) is
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
-from fitness.sim.kv_cache import BLOCK
+from fitness.sim.core import run_closed_loop
+from fitness.sim.kv_cache import BLOCK, key_stride, prompt_block_keys
 from fitness.sim.latency_model import LatencyModel
 from fitness.sim.loadgen import US_PER_S, LoadPlan, TokenTimes, build_load, client_times, lifecycle_metrics
 from fitness.sim.recording import (
@@ -39,6 +42,8 @@ from fitness.sim.recording import (
 from fitness.sim.scheduler import Scheduler
 from primitives.data.experiments import ExperimentSpec, ObservedMetrics
 from primitives.deployment import Deployment
+from primitives.program import StepProgram, Unsupported
+from primitives.program_eval import program_arrays
 
 
 def simulate(
@@ -50,17 +55,26 @@ def simulate(
     load: LoadPlan | None = None,
     kv_capacity_blocks: int | None = None,
     distributions: bool = False,
+    engine: str = "auto",
 ) -> SimResult:
     """Run SPEC's load against a simulated vLLM server whose steps take MODEL's times.
 
     ``load`` overrides the seeded load plan (tests); ``kv_capacity_blocks`` overrides the
     capacity derived from the deployment (``kv_capacity_tokens(gpu_memory_utilization)``).
     ``distributions``: the metrics carry the percentiles the load generator reports too.
+    ``engine``: ``compiled`` (``fitness.sim.core``: the model must have a step program),
+    ``python`` (the reference loop below), or ``auto``: compiled where the model allows.
     """
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
     if load is None:
         load = build_load(spec, seed)
     if kv_capacity_blocks is None:
         kv_capacity_blocks = deployment.kv_capacity_tokens(spec.gpu_memory_utilization) // BLOCK
+    program = None if engine == "python" else step_program_of(model, required=engine == "compiled")
+    if program is not None:
+        run = _compiled_run(spec, model, load, int(kv_capacity_blocks), record, distributions, program)
+        return run.result(spec.name)
     run = _ClosedLoop(spec, model, load, int(kv_capacity_blocks), record)
     if distributions:
         run.sched.token_log = []
@@ -68,6 +82,86 @@ def simulate(
         run.stage(si)
     # the engine is empty between stages (every request of a stage is done)
     return run.result(spec.name)
+
+
+ENGINES = ("auto", "compiled", "python")
+
+
+def step_program_of(model: LatencyModel, required: bool = False) -> StepProgram | None:
+    """MODEL's step program, or None where it has none (``required``: raise instead)."""
+    try:
+        build = getattr(model, "step_program", None)
+        if build is None:
+            raise Unsupported(f"{type(model).__name__} has no step program")
+        return build()
+    except Unsupported:
+        if required:
+            raise
+        return None
+
+
+def _compiled_run(spec, model, load: LoadPlan, kv_total: int, record: bool, distributions: bool, program):
+    """One run of the compiled core, dressed as a finished ``_ClosedLoop`` for its ``result``."""
+    run = _ClosedLoop.__new__(_ClosedLoop)
+    run.load, run.kv_total, run.record = load, kv_total, record
+    run.otp_us = float(model.output_token_processing_us)
+    run.gap_us = float(model.event_gap_us)
+    n = load.num_requests
+    run.req_L = load.shapes.user_prompt_len[load.request_user].astype(np.int64)
+    run.target = int(load.output_len)
+    run.timeout_us = load.timeout_s * US_PER_S
+    run.q_us = np.asarray(model.queueing_time_us(run.req_L), dtype=np.float64) * np.ones(n)
+    stride = key_stride(int(spec.max_model_len))
+    user_keys = prompt_block_keys(load.shapes, stride)
+    n_keys = np.array([len(k) for k in user_keys], dtype=np.int64)
+    keys = np.zeros((len(user_keys), max(int(n_keys.max(initial=0)), 1)), dtype=np.int64)
+    for u, k in enumerate(user_keys):
+        keys[u, : len(k)] = k
+    offsets = np.concatenate(load.stage_offsets_s) if load.stage_offsets_s else np.zeros(0)
+    out = run_closed_loop(
+        run.req_L,
+        np.asarray(load.request_user, dtype=np.int64),
+        np.asarray(offsets, dtype=np.float64),
+        run.q_us,
+        np.asarray(load.stage_first_request, dtype=np.int64),
+        float(load.stage_interval_s),
+        float(run.timeout_us),
+        run.target,
+        int(spec.max_model_len),
+        int(spec.max_num_batched_tokens),
+        int(spec.max_num_seqs),
+        stride,
+        keys,
+        n_keys,
+        kv_total,
+        float(model.scheduling_processing_us),
+        float(model.preemption_processing_us),
+        run.otp_us,
+        run.gap_us,
+        bool(record),
+        bool(distributions),
+        program_arrays(program),
+    )
+    (status, out_tok, admit, first, last, n_pre, hits, run.send_us, run.enq_us, run.stage_start) = out[:10]
+    steps = SimpleNamespace(
+        start=out[10], time=out[11], cycle=out[12], preemptions=out[13], kv_held_blocks=out[14],
+        follows=out[15], gapless=out[16], offsets=out[17], batches=SimpleNamespace(arrays=lambda: list(out[18:23])),
+    )  # fmt: skip
+    run.steps = _Steps(steps)
+    kv = SimpleNamespace(free=lambda: int(out[26]), held_blocks=lambda: int(out[27]))
+    run.sched = SimpleNamespace(
+        status=status, out_tok=out_tok, admit_step=admit, first_step=first, last_step=last, n_preempt=n_pre,
+        hit_tokens=hits, total_preempt=int(out[25]), kv=kv, token_log=(out[23], out[24]) if distributions else None,
+    )  # fmt: skip
+    return run
+
+
+class _Steps(SimpleNamespace):
+    def __init__(self, ns):
+        super().__init__(**vars(ns))
+
+    def __len__(self) -> int:
+        return len(self.start)
 
 
 class _ClosedLoop:
@@ -203,8 +297,11 @@ class _ClosedLoop:
         tokens = None
         if sched.token_log is not None:  # every token reaches the client when its step's outputs do
             log = sched.token_log
-            step_of = np.repeat([k for k, _ in log], [len(r) for _, r in log]).astype(np.int64)
-            req_of = np.concatenate([r for _, r in log]) if log else np.zeros(0, dtype=np.int64)
+            if isinstance(log, tuple):  # the compiled core's (step, request) arrays
+                step_of, req_of = log
+            else:
+                step_of = np.repeat([k for k, _ in log], [len(r) for _, r in log]).astype(np.int64)
+                req_of = np.concatenate([r for _, r in log]) if log else np.zeros(0, dtype=np.int64)
             tokens = TokenTimes.from_tokens(n, req_of, out_us[step_of], self.gap_us)
         metrics = ObservedMetrics(
             summary=lifecycle_metrics(ct, success, tokens=tokens),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import numpy as np
+from numba import njit
 
 from fitness.sim.loadgen import PromptShapes
 from primitives.deployment import KV_BLOCK_TOKENS
@@ -113,6 +114,7 @@ def user_key(u: int, j: int, stride: int) -> int:
     return ((u * stride + j) << 2) | 1
 
 
+@njit(cache=True)  # also called by the compiled core (fitness.sim.core_kv)
 def request_key(r: int, j: int, stride: int) -> int:
     return ((r * stride + j) << 2) | 2
 

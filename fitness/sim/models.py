@@ -21,6 +21,7 @@ from fitness.sim.latency_model import NON_STEP_NAMES, LatencyModel, NonStepTerms
 from primitives.compute import BatchPrimitives
 from primitives.deployment import Deployment
 from primitives.language import SCALAR_MODULES, parse_infix, symbol
+from primitives.program import StepProgram, Unsupported, step_program
 
 
 class ExpressionLatencyModel(NonStepTerms):
@@ -39,6 +40,11 @@ class ExpressionLatencyModel(NonStepTerms):
     @classmethod
     def from_entry(cls, entry, deployment: Deployment) -> "ExpressionLatencyModel":
         return cls(entry.expression, deployment, entry.overheads)
+
+    def step_program(self) -> StepProgram:
+        """This model as data for the compiled simulator core (same bits as ``step_time_us``)."""
+        p = self._primitives
+        return step_program(p.constants, p.kernel_functions, self.names, self._scalar_fn)
 
     def step_time_us(self, progress, new_tokens, input_len, output_len) -> float:
         vals = self._primitives.scalars(progress, new_tokens, input_len, output_len)
@@ -116,6 +122,13 @@ class AnchoredModel:
 
     def step_time_us(self, *batch) -> float:
         return self.scale * self.model.step_time_us(*batch)
+
+    def step_program(self) -> StepProgram:
+        """The wrapped model's program, scaled (raises ``Unsupported`` where it has none)."""
+        inner = getattr(self.model, "step_program", None)
+        if inner is None:
+            raise Unsupported(f"{type(self.model).__name__} has no step program")
+        return inner().scaled(self.scale)
 
     def __getattr__(self, name):
         if name == "model":  # not yet set (e.g. while unpickling)

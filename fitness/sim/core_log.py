@@ -1,0 +1,39 @@
+"""The compiled core's step-log buffers and the stage drain (``fitness.sim.core``)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from fitness.sim.recording import FINISHED, REJECTED
+
+
+@njit(cache=True)
+def grow(a, need):
+    if need <= len(a):
+        return a
+    b = np.empty(max(need, 2 * len(a)), dtype=a.dtype)
+    b[: len(a)] = a
+    return b
+
+
+@njit(cache=True)
+def drain_time_us(lo, hi, send, enq, status, last, s_start, s_cycle, s_follows, n_steps, otp, gap, timeout):
+    """``engine._drain_time_us``: when the client has every response of requests LO..HI-1."""
+    worst = 0.0
+    for r in range(lo, hi):
+        limit = send[r] + timeout
+        if status[r] == REJECTED:
+            d = enq[r]
+        elif status[r] == FINISHED:
+            k = last[r]
+            out = s_start[k] + s_cycle[k]
+            if k < n_steps - 1 and s_follows[k + 1]:
+                out = out + s_cycle[k + 1]
+            d = out + otp + gap
+            d = limit if limit < d else d
+        else:
+            d = limit
+        if r == lo or d > worst:
+            worst = d
+    return worst
