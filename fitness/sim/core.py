@@ -36,7 +36,7 @@ from fitness.sim.core_kv import (
     release,
     take,
 )
-from fitness.sim.core_log import drain_time_us, grow
+from fitness.sim.core_log import drain_time_us, grow, write_batch
 from fitness.sim.kv_cache import BLOCK, request_key
 from fitness.sim.recording import ABORTED, FINISHED, PENDING, REJECTED, RUNNING, WAITING
 from primitives import lookup as kernel_lookup
@@ -418,11 +418,7 @@ def run_closed_loop(
                 if rows + m > len(b_prog):
                     b_prog, b_new, b_in = grow(b_prog, rows + m), grow(b_new, rows + m), grow(b_in, rows + m)
                     b_out, b_req = grow(b_out, rows + m), grow(b_req, rows + m)
-                w = rows
-                for i in range(n_run):
-                    if alloc[i] > 0:
-                        b_prog[w], b_new[w], b_in[w], b_out[w], b_req[w] = rcomp[i], alloc[i], rlen[i], rout[i], rid[i]
-                        w += 1
+                write_batch(b_prog, b_new, b_in, b_out, b_req, rows, rcomp, alloc, rlen, rout, rid, n_run)
             rows += m
             s_off[k + 1] = rows
             n_steps += 1
@@ -436,12 +432,12 @@ def run_closed_loop(
             prev_end = T
             # the step's outcome (Scheduler.step_done)
             w = 0
-            for i in range(n_run):
+            if log_tokens and n_tok + n_run > len(t_step):  # grown here, not in the loop: an array
+                t_step, t_req = grow(t_step, n_tok + n_run), grow(t_req, n_tok + n_run)  # reassigned in a
+            for i in range(n_run):  # loop costs two atomic reference counts per iteration
                 rcomp[i] = new_comp[i]
                 if rcomp[i] == rknown[i]:
                     if log_tokens:
-                        if n_tok == len(t_step):
-                            t_step, t_req = grow(t_step, n_tok + 1), grow(t_req, n_tok + 1)
                         t_step[n_tok] = k
                         t_req[n_tok] = rid[i]
                         n_tok += 1

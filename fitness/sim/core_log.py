@@ -37,3 +37,15 @@ def drain_time_us(lo, hi, send, enq, status, last, s_start, s_cycle, s_follows, 
         if r == lo or d > worst:
             worst = d
     return worst
+
+
+@njit(cache=True)
+def write_batch(b_prog, b_new, b_in, b_out, b_req, row, comp, alloc, inlen, outlen, rid, n_run):
+    """The batch rows of the running requests that compute tokens, from ROW on.
+
+    A function of its own, not a loop in the core: there the five arrays, reassigned when
+    they grow, would cost five atomic reference counts per request and step."""
+    for i in range(n_run):
+        if alloc[i] > 0:
+            b_prog[row], b_new[row], b_in[row], b_out[row], b_req[row] = comp[i], alloc[i], inlen[i], outlen[i], rid[i]
+            row += 1
