@@ -20,6 +20,7 @@ import sympy as sp
 from scipy.optimize import lsq_linear, nnls
 
 from fitness.dataset import StepTable
+from fitness.fused import FusedTerms, column_matrix, step_errors
 from fitness.physics_probes import PhysicsProbes
 from fitness.replay_rows import REPLAY_METRICS, ReplayRows
 from fitness.sim.latency_model import FITTED_NON_STEP_NAMES, full_non_step_terms
@@ -101,6 +102,24 @@ class _StepPrep:
         self.n_val = np.maximum(np.bincount(st.experiment[self.val_rows], minlength=self.n_exp).astype(float), 1.0)
         self.exp_train = st.experiment[self.train]
         self.exp_val = st.experiment[self.val_rows]
+        # the fused pass: squared weights and weighted targets on every row (0 off the training set)
+        self.w2 = np.zeros(st.n)
+        self.w2[self.train] = self.w**2
+        self.wb = np.zeros(st.n)
+        self.wb[self.train] = self.w * self.b
+        self.w2_sum, self.wb_sum = float(self.w2.sum()), float(self.wb.sum())
+        self.in_train = np.zeros(st.n, dtype=bool)
+        self.in_train[self.train] = True
+        self.experiment = np.ascontiguousarray(st.experiment, dtype=np.int64)
+        self.target = np.ascontiguousarray(st.cycle_time_us, dtype=np.float64)
+        self.columns = column_matrix(st.columns, st.n)
+        self._design = np.empty((0, st.n))
+
+    def design_buffer(self, k: int) -> np.ndarray:
+        """(k, n) scratch for one candidate's terms, reused: a fresh one costs page faults."""
+        if len(self._design) < k:
+            self._design = np.empty((k, self._design.shape[1]))
+        return self._design[:k]
 
 
 _PREP: dict[int, _StepPrep] = {}
@@ -114,57 +133,85 @@ def _prep(st: StepTable) -> _StepPrep:
     return _PREP[key]
 
 
-def _bounded_normal(A: np.ndarray, b: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray | None:
-    """min ||A x - b||, lower <= x <= upper, through the (k x k) normal equations: fast for tall A.
+def _bounded_gram(G: np.ndarray, h: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray | None:
+    """min ||A x - b||, lower <= x <= upper, from the (k x k) normal equations G = A^T A, h = A^T b.
 
     A column that is all zero gets x = 0 (its lower bound would otherwise force a value
     that the data can not see; an efficiency term that is zero on every row is unused).
     """
-    norms = np.sqrt(np.einsum("ij,ij->j", A, A))
+    norms = np.sqrt(np.diag(G))
     keep = norms > 1e-12
     if not keep.any():
         return None
-    As = A[:, keep] / norms[keep]
-    G = As.T @ As
-    G[np.diag_indices_from(G)] += 1e-10  # ridge: collinear terms (e.g. constant per deployment)
-    lo, hi = lower[keep] * norms[keep], upper[keep] * norms[keep]
+    nk = norms[keep]
+    Gs = G[np.ix_(keep, keep)] / np.outer(nk, nk)  # the normal equations of A with unit columns
+    Gs[np.diag_indices_from(Gs)] += 1e-10  # ridge: collinear terms (e.g. constant per deployment)
+    lo, hi = lower[keep] * nk, upper[keep] * nk
     try:
-        L = np.linalg.cholesky(G)
-        y = np.linalg.solve(L, As.T @ b)
+        L = np.linalg.cholesky(Gs)
+        y = np.linalg.solve(L, h[keep] / nk)
         if np.isinf(hi).all() and not lo.any():
-            sol, _ = nnls(L.T, y, maxiter=50 * A.shape[1])
+            sol, _ = nnls(L.T, y, maxiter=50 * len(G))
         else:
             sol = np.clip(lsq_linear(L.T, y, bounds=(lo, hi), method="bvls").x, lo, hi)  # bvls may overshoot by ulps
     except (np.linalg.LinAlgError, RuntimeError, ValueError):
         return None
-    theta = np.zeros(A.shape[1])
-    theta[keep] = sol / norms[keep]
+    theta = np.zeros(len(G))
+    theta[keep] = sol / nk
     return theta
 
 
 TermFn = Callable[[Mapping[str, np.ndarray], int], np.ndarray]
 
 
-def _design(terms: list[TermFn], columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
-    """(n, k + 1): each term on the rows, then the intercept's column of ones."""
-    X = np.empty((n, len(terms) + 1))
-    for j, t in enumerate(terms):
-        X[:, j] = t(columns, n)
-    X[:, -1] = 1.0
-    return X
+class NumpyTerms:
+    """Terms as functions of the columns, one numpy array per node: archived expressions,
+    and the plain way the benchmark compares the fused evaluator (``FusedTerms``) with."""
+
+    def __init__(self, fns: list[TermFn]):
+        self.fns = fns
+        self.k = len(fns)
+
+    def design(self, columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+        """(n, k + 1): each term on the rows, then the intercept's column of ones."""
+        X = np.empty((self.k + 1, n))
+        for j, t in enumerate(self.fns):
+            X[j] = t(columns, n)
+        X[-1] = 1.0
+        return X.T
+
+    def normal_equations(self, st: StepTable, prep: _StepPrep) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """As ``_step_normal``: the design matrix, then its products."""
+        X = self.design(st.columns, st.n)
+        if not np.isfinite(X).all():
+            return None
+        a = X[prep.train] * prep.w[:, None]
+        return X.T[: self.k], a.T @ a, a.T @ prep.b
 
 
-def score_program(program: Program, ctx: FitnessContext, detail: bool = False) -> Score:
+def _step_normal(terms, st: StepTable, prep: _StepPrep) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The terms on the step rows (k, n), and the normal equations G = A^T A, h = A^T b of the
+    weighted training rows with the intercept last; None where a value is not finite (a
+    non-finite value on a validation row shows up later, in the prediction)."""
+    if isinstance(terms, NumpyTerms):
+        return terms.normal_equations(st, prep)
+    X = prep.design_buffer(terms.k)
+    G, h = terms.normal_equations(prep.columns, prep.w2, prep.wb, X, prep.w2_sum, prep.wb_sum)
+    return (X, G, h) if np.isfinite(G).all() and np.isfinite(h).all() else None
+
+
+def score_program(program: Program, ctx: FitnessContext, detail: bool = False, fused: bool = True) -> Score:
     """Fit and score one candidate. Never raises on numeric trouble: NaN/inf -> WORST.
 
     ``detail`` adds per-experiment medians (for the archive), which the search skips.
+    ``fused=False`` evaluates the plain way, one numpy array per node (the benchmark's reference).
     """
     terms = additive_terms(program)
     physics = [_term_physics(canonical(t), t) for t in terms]
     if any(p is None for p in physics):  # a µs term that subtracts time: a negative efficiency
         return _worst(program)
-    fns = [partial(_program_term, t) for t in terms]
-    score = fit_terms(fns, ctx, detail, [len(t) for t in terms], [bool(p) for p in physics])
+    evaluator = FusedTerms(terms) if fused else [partial(_program_term, t) for t in terms]
+    score = fit_terms(evaluator, ctx, detail, [len(t) for t in terms], [bool(p) for p in physics])
     if not score.ok:
         return _worst(program)
     score.terms = terms
@@ -193,7 +240,7 @@ def _program_term(term: Program, columns: Mapping[str, np.ndarray], n: int) -> n
 
 
 def fit_terms(
-    term_fns: list[TermFn],
+    term_fns: list[TermFn] | FusedTerms,
     ctx: FitnessContext,
     detail: bool = False,
     term_sizes: list[int] | None = None,
@@ -201,31 +248,27 @@ def fit_terms(
 ) -> Score:
     """Fit ``intercept + sum(coef_i * term_i)`` and measure its errors.
 
-    Each term is a function of primitive columns; the search passes evolved programs,
-    leave-one-model-out passes the terms of an archived expression. Coefficients are
+    Each term is a function of primitive columns (leave-one-model-out passes the terms
+    of an archived expression), or the search's evolved terms compiled (``FusedTerms``). Coefficients are
     >= 0; those of efficiency terms (``efficiency_terms[i]``: a time in µs) lie inside
     ``ctx.efficiency_bounds``. A fit that fails ``ctx.probes`` (not monotone in work, or
     faster than the measured kernels allow) scores worst.
     """
-    terms = list(term_fns)
+    terms = term_fns if isinstance(term_fns, FusedTerms) else NumpyTerms(list(term_fns))
     st = ctx.steps
-    k = len(terms)
+    k = terms.k
     n_over = len(FITTED_NON_STEP_NAMES) if ctx.replay is not None else 0
-    blocks_a: list[np.ndarray] = []
-    blocks_b: list[np.ndarray] = []
+    G = np.zeros((k + 1 + n_over, k + 1 + n_over))
+    h = np.zeros(k + 1 + n_over)
 
-    # --- step rows ------------------------------------------------------------
+    # --- step rows: normal equations ----------------------------------------------
     step_X = None
     if st is not None:
         prep = _prep(st)
-        step_X = _design(terms, st.columns, st.n)
-        if not np.isfinite(step_X).all():
+        step = _step_normal(terms, st, prep)
+        if step is None:
             return _worst()
-        a = step_X[prep.train] * prep.w[:, None]
-        if n_over:
-            a = np.hstack([a, np.zeros((len(a), n_over))])
-        blocks_a.append(a)
-        blocks_b.append(prep.b)
+        step_X, G[: k + 1, : k + 1], h[: k + 1] = step
 
     # --- replayed experiment rows ---------------------------------------------
     replay_rows = []
@@ -236,7 +279,7 @@ def fit_terms(
             if not np.isfinite(obs).any():
                 continue
             cols = rp.columns[e]
-            T = _design(terms, cols, rp.weights[e].shape[1])
+            T = terms.design(cols, rp.weights[e].shape[1])
             if not np.isfinite(T).all():
                 return _worst()
             rows = np.hstack([rp.weights[e] @ T, rp.overhead[e]])
@@ -245,28 +288,28 @@ def fit_terms(
                     replay_rows.append((e, m, scope, rows[i], obs[i], rp.fixed_us[e][i]))
         if replay_rows:
             scale = np.sqrt(ctx.replay_weight)
-            blocks_a.append(np.array([r[3] / r[4] * scale for r in replay_rows]))
-            blocks_b.append(np.array([(r[4] - r[5]) / r[4] * scale for r in replay_rows]))
+            a = np.array([r[3] / r[4] * scale for r in replay_rows])
+            b = np.array([(r[4] - r[5]) / r[4] * scale for r in replay_rows])
+            if not np.isfinite(a).all():
+                return _worst()
+            G += a.T @ a
+            h += a.T @ b
 
-    if not blocks_a:
+    if st is None and not replay_rows:
         raise ValueError("nothing to score: no step rows and no replayed experiments")
-    A = np.vstack(blocks_a) if len(blocks_a) > 1 else blocks_a[0]
-    b = np.concatenate(blocks_b)
-    if not np.isfinite(A).all():
-        return _worst()
-    lower, upper = np.zeros(A.shape[1]), np.full(A.shape[1], np.inf)
+    lower, upper = np.zeros(len(G)), np.full(len(G), np.inf)
     lo_eff, hi_eff = ctx.efficiency_bounds
     for j, is_eff in enumerate(efficiency_terms or [False] * k):
         if is_eff:
             lower[j], upper[j] = lo_eff, hi_eff
-    theta = _bounded_normal(A, b, lower, upper)
+    theta = _bounded_gram(G, h, lower, upper)
     if theta is None:
         return _worst()
     coefs, intercept, over = theta[:k], float(theta[k]), theta[k + 1 :]
     probes = ctx.replay.probes if ctx.replay is not None else None
     if probes is not None and not _positive_on(probes, terms, theta[: k + 1]):
         return _worst()
-    if ctx.probes is not None and not ctx.probes.holds(lambda cols, n: _design(terms, cols, n) @ theta[: k + 1]):
+    if ctx.probes is not None and not ctx.probes.holds(lambda cols, n: terms.design(cols, n) @ theta[: k + 1]):
         return _worst()
     complexity = model_complexity(term_sizes or [1] * k, list(coefs), intercept)
 
@@ -274,12 +317,13 @@ def fit_terms(
     per_exp: dict[str, dict[str, float]] = {}
     train_error = 0.0
     if st is not None:
-        pred = step_X @ theta[: k + 1]
-        if not np.isfinite(pred).all() or (pred <= 0).any():
+        sums = step_errors(
+            step_X, theta[: k + 1], prep.target, prep.experiment, prep.in_train, prep.val_rows, prep.n_exp
+        )
+        if sums is None:  # a prediction not finite or not > 0
             return _worst()
-        ape = _ape(pred, st.cycle_time_us)
-        tr_m = np.bincount(prep.exp_train, weights=ape[prep.train], minlength=prep.n_exp) / prep.n_train
-        va_m = np.bincount(prep.exp_val, weights=ape[prep.val_rows], minlength=prep.n_exp) / prep.n_val
+        tr_m, va_m = sums[0] / prep.n_train, sums[1] / prep.n_val
+        ape = _ape(step_X.T @ theta[:k] + theta[k], st.cycle_time_us) if detail else None
         train_error = float(tr_m.mean())
         objectives["step_mape"] = float(va_m.mean())
         objectives["step_mape_max"] = float(va_m.max())
@@ -343,13 +387,13 @@ def error_stats(errors: Mapping[str, list[float | None]]) -> dict[str, tuple[flo
     return out
 
 
-def _positive_on(probes: list[dict[str, np.ndarray]], terms: list[TermFn], theta: np.ndarray) -> bool:
+def _positive_on(probes: list[dict[str, np.ndarray]], terms, theta: np.ndarray) -> bool:
     """Whether the fitted step time is finite and > 0 on every probe step (no reliance on the floor)."""
     for cols in probes:
         n = len(next(iter(cols.values()))) if cols else 0
         if n == 0:
             continue
-        pred = _design(terms, cols, n) @ theta
+        pred = terms.design(cols, n) @ theta
         if not (np.isfinite(pred).all() and (pred > 0).all()):
             return False
     return True
