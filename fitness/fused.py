@@ -28,8 +28,10 @@ from numba.extending import intrinsic, overload
 
 from primitives.language import OPERATORS, Program, bits_float, float_bits
 
-CHUNK_ROWS = 512  # 4 KiB per stack slot: a deep stack and the chunk's design rows stay in L1
-VAR, CONST = -1, -2  # opcodes of terminals; operators are their index in OPERATORS
+CHUNK_ROWS = 1024  # 8 KiB per stack slot: the stack stays in L1/L2; measured faster than 512 or 2048
+# opcodes of terminals (a column stored as float64 or float32, a constant); operators are
+# their index in OPERATORS
+VAR, VAR32, CONST = -1, -3, -2
 _OPS = list(OPERATORS.values())
 OPCODE = {op.name: i for i, op in enumerate(_OPS)}
 _JIT = {"nogil": True, "error_model": "numpy"}  # numpy semantics: x/0 is inf, not an exception
@@ -78,33 +80,45 @@ _ARITY = np.array([op.arity for op in _OPS], dtype=np.int64)
 
 
 @numba.njit(**_JIT)
-def _run_term(code, arg, lo, hi, consts, cols, c0, m, stack, src, arity):
-    """Evaluate the prefix program code[lo:hi] on rows c0..c0+m; the result is in slot 0."""
+def _run_term(code, arg, lo, hi, consts, cols, cols32, c0, m, rows, slot, arity):
+    """Evaluate the prefix program code[lo:hi] on rows c0..c0+m; returns the row holding it.
+
+    Stack level i lives in ``rows[slot[i]]``; ``slot[-1]`` is a spare row that every
+    operator writes into before the rows are relabelled, because a loop whose output
+    overlaps its input is not vectorised. A column is copied onto the stack (into float64,
+    whatever its storage): the copy stays in L1, the read from memory is paid either way.
+    """
+    spare = len(slot) - 1
     sp = 0
     for pc in range(hi - 1, lo - 1, -1):  # prefix read backwards is postfix
         c = code[pc]
-        if c == VAR:
-            src[sp] = arg[pc]  # a column is read in place, not copied onto the stack
-            sp += 1
-        elif c == CONST:
-            v = consts[arg[pc]]
-            buf = stack[sp]
-            for r in range(m):
-                buf[r] = v
-            src[sp] = -1
-            sp += 1
-        else:
-            top = sp - 1
-            x = cols[src[top]][c0 : c0 + m] if src[top] >= 0 else stack[top][:m]
-            if arity[c] == 1:
-                _apply(c, x, x, stack[top], m)
-                src[top] = -1
+        if c < 0:
+            buf = rows[slot[sp]]
+            if c == VAR:
+                col = cols[arg[pc]]
+                for r in range(m):
+                    buf[r] = col[c0 + r]
+            elif c == VAR32:
+                col32 = cols32[arg[pc]]
+                for r in range(m):
+                    buf[r] = col32[c0 + r]
             else:
-                y = cols[src[top - 1]][c0 : c0 + m] if src[top - 1] >= 0 else stack[top - 1][:m]
-                _apply(c, x, y, stack[top - 1], m)
-                src[top - 1] = -1
-                sp -= 1
-    return cols[src[0]][c0 : c0 + m] if src[0] >= 0 else stack[0][:m]
+                v = consts[arg[pc]]
+                for r in range(m):
+                    buf[r] = v
+            sp += 1
+            continue
+        x = rows[slot[sp - 1]]
+        out = rows[slot[spare]]
+        lvl = sp - 1
+        if arity[c] == 1:
+            _apply(c, x, x, out, m)
+        else:
+            lvl = sp - 2
+            _apply(c, x, rows[slot[lvl]], out, m)
+            sp -= 1
+        slot[lvl], slot[spare] = slot[spare], slot[lvl]
+    return rows[slot[0]]
 
 
 @numba.njit(fastmath={"reassoc"}, **_JIT)
@@ -125,19 +139,19 @@ def _dot3(x, y, z):
 
 
 @numba.njit(**_JIT)
-def _design_pass(code, arg, starts, consts, cols, depth, w2, wb, X, G, h):
+def _design_pass(code, arg, starts, consts, cols, cols32, depth, w2, wb, X, G, h):
     """The k terms into X (k, n); where ``w2`` is given, G += A^T A and h += A^T b for the
     row-weighted design with the intercept's column of ones, A = [X^T, 1] * w, from
     w2 = w^2 and wb = w * b (rows of weight 0 drop out), all but the intercept's own
     entries G[k, k] and h[k], which do not depend on the terms."""
     k, n = X.shape
-    stack = np.empty((depth, CHUNK_ROWS))
-    src = np.empty(depth, dtype=np.int64)
+    rows = np.empty((depth + 1, CHUNK_ROWS))
+    slot = np.arange(depth + 1)
     normal = len(w2) > 0
     for c0 in range(0, n, CHUNK_ROWS):
         m = min(CHUNK_ROWS, n - c0)
         for t in range(k):
-            out = _run_term(code, arg, starts[t], starts[t + 1], consts, cols, c0, m, stack, src, _ARITY)
+            out = _run_term(code, arg, starts[t], starts[t + 1], consts, cols, cols32, c0, m, rows, slot, _ARITY)
             xt = X[t]
             for r in range(m):
                 xt[c0 + r] = out[r]
@@ -156,42 +170,73 @@ def _design_pass(code, arg, starts, consts, cols, depth, w2, wb, X, G, h):
                 G[i, j] = G[j, i]
 
 
-@numba.njit(**_JIT)
-def _step_errors(X, theta, target, experiment, in_train, in_val, n_exp):
-    """Per-experiment sums of the relative error on train and validation rows, in row order
-    (as ``np.bincount``), for the prediction theta[k] + sum_j theta[j] X[j]; False at the
-    first prediction that is not finite and > 0."""
-    k, n = X.shape
-    tr = np.zeros(n_exp)
-    va = np.zeros(n_exp)
-    for i in range(n):
-        p = 0.0
+@numba.njit(fastmath={"reassoc"}, **_JIT)
+def _error_sum(X, theta, target, lo, hi, pred):
+    """Sum over rows lo..hi of |p - target| / target for p = theta[k] + sum_j theta[j] X[j];
+    NaN if a prediction is not finite and > 0."""
+    k = X.shape[0]
+    total = 0.0
+    for c0 in range(lo, hi, CHUNK_ROWS):
+        m = min(CHUNK_ROWS, hi - c0)
+        for r in range(m):
+            pred[r] = theta[k]
         for j in range(k):
-            p += X[j, i] * theta[j]
-        p += theta[k]
-        if not (p > 0.0 and p < np.inf):
-            return tr, va, False
-        ape = abs(p - target[i]) / target[i]
-        if in_train[i]:
-            tr[experiment[i]] += ape
-        if in_val[i]:
-            va[experiment[i]] += ape
-    return tr, va, True
+            xj = X[j]
+            tj = theta[j]
+            for r in range(m):
+                pred[r] += tj * xj[c0 + r]
+        nonpositive = 0.0
+        nonfinite = 0.0  # p - p is NaN for an inf or a NaN: sums vectorise, a branch would not
+        for r in range(m):
+            p = pred[r]
+            nonpositive += 1.0 if p <= 0.0 else 0.0
+            nonfinite += p - p
+            total += abs(p - target[c0 + r]) / target[c0 + r]
+        if nonpositive > 0.0 or nonfinite != 0.0:
+            return np.nan
+    return total
+
+
+@numba.njit(**_JIT)
+def _step_errors(X, theta, target, train_rows, val_rows, tr, va):
+    """tr[e], va[e] = error sums over experiment e's training rows train_rows[e, 0]:train_rows[e, 1]
+    and validation rows (``val_rows`` alike; rows grouped so that each set is contiguous);
+    False if a prediction is not finite and > 0."""
+    pred = np.empty(CHUNK_ROWS)
+    for e in range(len(tr)):
+        tr[e] = _error_sum(X, theta, target, train_rows[e, 0], train_rows[e, 1], pred)
+        same = val_rows[e, 0] == train_rows[e, 0] and val_rows[e, 1] == train_rows[e, 1]
+        va[e] = tr[e] if same else _error_sum(X, theta, target, val_rows[e, 0], val_rows[e, 1], pred)
+        if np.isnan(tr[e]) or np.isnan(va[e]):
+            return False
+    return True
 
 
 _NO_G = np.empty((0, 0))
 
 
 class ColumnMatrix:
-    """Primitive columns stacked row-major (one C-contiguous row per primitive), with their index."""
+    """Primitive columns stacked row-major, one C-contiguous row per primitive: as float32 where
+    that is exact (counts, tokens, layers: half the bytes to read, nothing lost), else float64."""
 
     def __init__(self, columns: Mapping[str, np.ndarray], n: int):
-        self.names = list(columns)
-        self.index = {name: i for i, name in enumerate(self.names)}
         self.n = n
-        self.values = np.empty((max(len(self.names), 1), n))
-        for i, name in enumerate(self.names):
-            self.values[i] = np.broadcast_to(np.asarray(columns[name], dtype=np.float64), (n,))
+        values = {name: np.broadcast_to(np.asarray(v, dtype=np.float64), (n,)) for name, v in columns.items()}
+        exact = {
+            name: np.array_equal(v.astype(np.float32).astype(np.float64), v, equal_nan=True)
+            for name, v in values.items()
+        }
+        names64 = [name for name in values if not exact[name]]
+        names32 = [name for name in values if exact[name]]
+        self.values = np.empty((max(len(names64), 1), n))
+        self.values32 = np.empty((max(len(names32), 1), n), dtype=np.float32)
+        self.index: dict[str, tuple[int, int]] = {}  # name -> (opcode, row)
+        for i, name in enumerate(names64):
+            self.values[i] = values[name]
+            self.index[name] = (VAR, i)
+        for i, name in enumerate(names32):
+            self.values32[i] = values[name]
+            self.index[name] = (VAR32, i)
 
 
 _MATRICES: dict[int, tuple[Mapping, ColumnMatrix]] = {}
@@ -237,12 +282,13 @@ class FusedTerms:
         self.names = names
         self.depth = max((int(np.diff(self.starts).max()) if self.k else 0), 1)
 
-    def _args(self, mat: ColumnMatrix) -> np.ndarray:
-        """Token arguments: constant slots as encoded, variable slots as rows of ``mat``."""
+    def _bind(self, mat: ColumnMatrix) -> tuple[np.ndarray, np.ndarray]:
+        """Opcodes and arguments on ``mat``: a variable reads its row of the float64 or float32 block."""
+        code = self.code.copy()
         arg = self._var_slot.copy()
-        is_var = self.code == VAR
-        arg[is_var] = [mat.index[self.names[s]] for s in self._var_slot[is_var]]
-        return arg
+        for pc in np.flatnonzero(self.code == VAR):
+            code[pc], arg[pc] = mat.index[self.names[self._var_slot[pc]]]
+        return code, arg
 
     def design(self, columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
         """(n, k + 1): each term on the rows, then the intercept's column of ones."""
@@ -254,8 +300,9 @@ class FusedTerms:
     def terms_into(self, mat: ColumnMatrix, X: np.ndarray) -> np.ndarray:
         """The terms on the rows of ``mat`` into X (k, n)."""
         none = np.empty(0)
+        code, arg = self._bind(mat)
         _design_pass(
-            self.code, self._args(mat), self.starts, self.consts, mat.values, self.depth, none, none, X, _NO_G, none
+            code, arg, self.starts, self.consts, mat.values, mat.values32, self.depth, none, none, X, _NO_G, none
         )
         return X
 
@@ -270,12 +317,16 @@ class FusedTerms:
         G = np.zeros((k1, k1))
         h = np.zeros(k1)
         G[-1, -1], h[-1] = w2_sum, wb_sum
-        _design_pass(self.code, self._args(mat), self.starts, self.consts, mat.values, self.depth, w2, wb, X, G, h)
+        code, arg = self._bind(mat)
+        _design_pass(code, arg, self.starts, self.consts, mat.values, mat.values32, self.depth, w2, wb, X, G, h)
         return G, h
 
 
-def step_errors(X: np.ndarray, theta: np.ndarray, target, experiment, in_train, in_val, n_exp: int):
-    """(train sums, validation sums) of the relative error per experiment, or None if a
-    prediction is not finite or not > 0."""
-    tr, va, ok = _step_errors(X, theta, target, experiment, in_train, in_val, n_exp)
-    return (tr, va) if ok else None
+def step_errors(
+    X: np.ndarray, theta: np.ndarray, target: np.ndarray, train_rows: np.ndarray, val_rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(train sums, validation sums) of the relative error per experiment (see ``_step_errors``),
+    or None if a prediction is not finite or not > 0."""
+    tr = np.zeros(len(train_rows))
+    va = np.zeros(len(train_rows))
+    return (tr, va) if _step_errors(X, theta, target, train_rows, val_rows, tr, va) else None

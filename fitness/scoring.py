@@ -20,7 +20,7 @@ import sympy as sp
 from scipy.optimize import lsq_linear, nnls
 
 from fitness.dataset import StepTable
-from fitness.fused import FusedTerms, column_matrix, step_errors
+from fitness.fused import ColumnMatrix, FusedTerms, step_errors
 from fitness.physics_probes import PhysicsProbes
 from fitness.replay_rows import REPLAY_METRICS, ReplayRows
 from fitness.sim.latency_model import FITTED_NON_STEP_NAMES, full_non_step_terms
@@ -102,17 +102,28 @@ class _StepPrep:
         self.n_val = np.maximum(np.bincount(st.experiment[self.val_rows], minlength=self.n_exp).astype(float), 1.0)
         self.exp_train = st.experiment[self.train]
         self.exp_val = st.experiment[self.val_rows]
-        # the fused pass: squared weights and weighted targets on every row (0 off the training set)
-        self.w2 = np.zeros(st.n)
-        self.w2[self.train] = self.w**2
-        self.wb = np.zeros(st.n)
-        self.wb[self.train] = self.w * self.b
+        # the fused passes see the rows grouped by experiment, training rows first (a stable
+        # order: each group keeps its rows' order), so that each experiment's training and
+        # validation rows are contiguous; w^2 and w * b on every row are 0 off the training set
+        in_train = np.zeros(st.n, dtype=bool)
+        in_train[self.train] = True
+        self.order = np.lexsort((~in_train, st.experiment))
+        sorted_exp = st.experiment[self.order]
+        starts = np.searchsorted(sorted_exp, np.arange(self.n_exp + 1))
+        n_train_rows = np.bincount(st.experiment[self.train], minlength=self.n_exp)
+        self.train_rows = np.stack([starts[:-1], starts[:-1] + n_train_rows], axis=1).astype(np.int64)
+        self.val_rows_sorted = np.where(  # an experiment without a holdout is judged on its training rows
+            has_val[:, None], np.stack([self.train_rows[:, 1], starts[1:]], axis=1), self.train_rows
+        ).astype(np.int64)
+        w_rows = np.zeros(st.n)
+        w_rows[self.train] = self.w
+        self.w2 = (w_rows**2)[self.order]
+        self.wb = (w_rows**2 * st.cycle_time_us)[self.order]
         self.w2_sum, self.wb_sum = float(self.w2.sum()), float(self.wb.sum())
-        self.in_train = np.zeros(st.n, dtype=bool)
-        self.in_train[self.train] = True
-        self.experiment = np.ascontiguousarray(st.experiment, dtype=np.int64)
-        self.target = np.ascontiguousarray(st.cycle_time_us, dtype=np.float64)
-        self.columns = column_matrix(st.columns, st.n)
+        self.target = np.ascontiguousarray(st.cycle_time_us[self.order], dtype=np.float64)
+        self.sorted_experiment = sorted_exp
+        self.sorted_val = self.val_rows[self.order]
+        self.columns = ColumnMatrix({k: np.asarray(v)[self.order] for k, v in st.columns.items()}, st.n)
         self._design = np.empty((0, st.n))
 
     def design_buffer(self, k: int) -> np.ndarray:
@@ -187,6 +198,30 @@ class NumpyTerms:
             return None
         a = X[prep.train] * prep.w[:, None]
         return X.T[: self.k], a.T @ a, a.T @ prep.b
+
+    @staticmethod
+    def step_errors(X: np.ndarray, theta: np.ndarray, st: StepTable, prep: _StepPrep):
+        """As ``_step_errors``, with one prediction array and ``np.bincount``."""
+        pred = X.T @ theta[:-1] + theta[-1]
+        if not np.isfinite(pred).all() or (pred <= 0).any():
+            return None
+        ape = _ape(pred, st.cycle_time_us)
+        tr = np.bincount(prep.exp_train, weights=ape[prep.train], minlength=prep.n_exp)
+        va = np.bincount(prep.exp_val, weights=ape[prep.val_rows], minlength=prep.n_exp)
+        return tr, va, ape, st.experiment, prep.val_rows
+
+
+def _step_errors(terms, X: np.ndarray, theta: np.ndarray, st: StepTable, prep: _StepPrep, detail: bool):
+    """Sums of the relative error per experiment over the training and the validation rows,
+    and (``detail``) each row's error with the rows' experiments and validation flags, in
+    the order of X; None if a prediction is not finite or not > 0."""
+    if isinstance(terms, NumpyTerms):
+        return terms.step_errors(X, theta, st, prep)
+    sums = step_errors(X, theta, prep.target, prep.train_rows, prep.val_rows_sorted)
+    if sums is None:
+        return None
+    ape = _ape(X.T @ theta[:-1] + theta[-1], prep.target) if detail else None
+    return sums[0], sums[1], ape, prep.sorted_experiment, prep.sorted_val
 
 
 def _step_normal(terms, st: StepTable, prep: _StepPrep) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -317,13 +352,11 @@ def fit_terms(
     per_exp: dict[str, dict[str, float]] = {}
     train_error = 0.0
     if st is not None:
-        sums = step_errors(
-            step_X, theta[: k + 1], prep.target, prep.experiment, prep.in_train, prep.val_rows, prep.n_exp
-        )
+        sums = _step_errors(terms, step_X, theta[: k + 1], st, prep, detail)
         if sums is None:  # a prediction not finite or not > 0
             return _worst()
         tr_m, va_m = sums[0] / prep.n_train, sums[1] / prep.n_val
-        ape = _ape(step_X.T @ theta[:k] + theta[k], st.cycle_time_us) if detail else None
+        ape, row_experiment, row_val = sums[2:]
         train_error = float(tr_m.mean())
         objectives["step_mape"] = float(va_m.mean())
         objectives["step_mape_max"] = float(va_m.max())
@@ -331,8 +364,8 @@ def fit_terms(
         for e, name in enumerate(st.experiment_names):
             per_exp[name] = {"step_mape": float(va_m[e]), "step_mape_train": float(tr_m[e])}
             if detail:
-                rows = st.experiment == e
-                per_exp[name]["step_median_ape"] = float(np.median(ape[rows & prep.val_rows]))
+                rows = row_experiment == e
+                per_exp[name]["step_median_ape"] = float(np.median(ape[rows & row_val]))
                 per_exp[name]["n"] = int(rows.sum())
 
     replay_error = 0.0

@@ -60,6 +60,7 @@ def test_fused_terms_equal_the_interpreter_across_chunks():
 
 def test_fused_scores_equal_the_plain_scores():
     table = planted_table(n=3000)
+    table.is_train[table.experiment == 1] = True  # an experiment without a holdout is judged on its training rows
     ctx = FitnessContext(table)
     programs = _random_programs(table.primitive_names, 120, seed=11)
     scored = 0
@@ -72,6 +73,10 @@ def test_fused_scores_equal_the_plain_scores():
             assert fused.objectives["step_mape"] == pytest.approx(plain.objectives["step_mape"], rel=1e-9)
             assert fused.complexity == plain.complexity
     assert scored > 60
+    detailed = [score_program(p, ctx, detail=True, fused=f) for f in (False, True) for p in programs[:5]]
+    for plain, fused in zip(detailed[:5], detailed[5:], strict=True):
+        for name, row in plain.per_experiment.items():
+            assert fused.per_experiment[name] == pytest.approx(row, rel=1e-9)
 
 
 def test_overflow_to_inf_scores_worst():
