@@ -18,6 +18,9 @@ are float64 already, and the measured gain of float32 columns did not pay for it
 
 from __future__ import annotations
 
+import hashlib
+import os
+from pathlib import Path
 from typing import Mapping
 
 import numba
@@ -26,6 +29,7 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic, overload
 
+import primitives.language
 from primitives.language import OPERATORS, Program, bits_float, float_bits
 
 CHUNK_ROWS = 1024  # 8 KiB per stack slot: the stack stays in L1/L2; measured faster than 512 or 2048
@@ -35,6 +39,37 @@ VAR, VAR32, CONST = -1, -3, -2
 _OPS = list(OPERATORS.values())
 OPCODE = {op.name: i for i, op in enumerate(_OPS)}
 _JIT = {"nogil": True, "error_model": "numpy"}  # numpy semantics: x/0 is inf, not an exception
+
+
+def _cache_dir() -> str:
+    """Where the compiled kernels are cached, named after what they are compiled from.
+
+    numba invalidates a cached function only when its own file changes, but these kernels
+    inline the operators' scalar forms from ``primitives/language.py``: a directory per
+    fingerprint of both files (and of numba) keeps an edited operator from running stale code.
+    """
+    digest = hashlib.sha1(numba.__version__.encode())
+    for source in (__file__, primitives.language.__file__):
+        digest.update(Path(source).read_bytes())
+    base = numba.config.CACHE_DIR or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "numba")
+    return os.path.join(base, f"stepsynth-fused-{digest.hexdigest()[:16]}")
+
+
+_CACHE_DIR = _cache_dir()
+
+
+def _kernel(**flags):
+    """``numba.njit`` cached in ``_CACHE_DIR`` (a second process loads instead of compiling)."""
+
+    def wrap(fn):
+        saved = numba.config.CACHE_DIR
+        numba.config.CACHE_DIR = _CACHE_DIR  # read when the cache is set up, i.e. now
+        try:
+            return numba.njit(cache=True, **_JIT, **flags)(fn)
+        finally:
+            numba.config.CACHE_DIR = saved
+
+    return wrap
 
 
 @intrinsic
@@ -79,7 +114,7 @@ _apply = _compile_dispatch()
 _ARITY = np.array([op.arity for op in _OPS], dtype=np.int64)
 
 
-@numba.njit(**_JIT)
+@_kernel()
 def _run_term(code, arg, lo, hi, consts, cols, cols32, c0, m, rows, slot, arity):
     """Evaluate the prefix program code[lo:hi] on rows c0..c0+m; returns the row holding it.
 
@@ -121,7 +156,7 @@ def _run_term(code, arg, lo, hi, consts, cols, cols32, c0, m, rows, slot, arity)
     return rows[slot[0]]
 
 
-@numba.njit(fastmath={"reassoc"}, **_JIT)
+@_kernel(fastmath={"reassoc"})
 def _dot(x, y):
     """sum(x * y), reassociated so that it vectorises (a sum in another order is not bit-exact anyway)."""
     s = 0.0
@@ -130,7 +165,7 @@ def _dot(x, y):
     return s
 
 
-@numba.njit(fastmath={"reassoc"}, **_JIT)
+@_kernel(fastmath={"reassoc"})
 def _dot3(x, y, z):
     s = 0.0
     for r in range(len(x)):
@@ -138,7 +173,7 @@ def _dot3(x, y, z):
     return s
 
 
-@numba.njit(**_JIT)
+@_kernel()
 def _design_pass(code, arg, starts, consts, cols, cols32, depth, w2, wb, X, G, h):
     """The k terms into X (k, n); where ``w2`` is given, G += A^T A and h += A^T b for the
     row-weighted design with the intercept's column of ones, A = [X^T, 1] * w, from
@@ -170,7 +205,7 @@ def _design_pass(code, arg, starts, consts, cols, cols32, depth, w2, wb, X, G, h
                 G[i, j] = G[j, i]
 
 
-@numba.njit(fastmath={"reassoc"}, **_JIT)
+@_kernel(fastmath={"reassoc"})
 def _error_sum(X, theta, target, lo, hi, pred):
     """Sum over rows lo..hi of |p - target| / target for p = theta[k] + sum_j theta[j] X[j];
     NaN if a prediction is not finite and > 0."""
@@ -197,7 +232,7 @@ def _error_sum(X, theta, target, lo, hi, pred):
     return total
 
 
-@numba.njit(**_JIT)
+@_kernel()
 def _step_errors(X, theta, target, train_rows, val_rows, tr, va):
     """tr[e], va[e] = error sums over experiment e's training rows train_rows[e, 0]:train_rows[e, 1]
     and validation rows (``val_rows`` alike; rows grouped so that each set is contiguous);

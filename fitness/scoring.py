@@ -11,6 +11,7 @@ intercepts, the primitives carry the differences.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from typing import Callable, Mapping
@@ -124,13 +125,14 @@ class _StepPrep:
         self.sorted_experiment = sorted_exp
         self.sorted_val = self.val_rows[self.order]
         self.columns = ColumnMatrix({k: np.asarray(v)[self.order] for k, v in st.columns.items()}, st.n)
-        self._design = np.empty((0, st.n))
+        self._scratch = threading.local()  # per thread: a Dask worker may score in several
 
     def design_buffer(self, k: int) -> np.ndarray:
         """(k, n) scratch for one candidate's terms, reused: a fresh one costs page faults."""
-        if len(self._design) < k:
-            self._design = np.empty((k, self._design.shape[1]))
-        return self._design[:k]
+        buf = getattr(self._scratch, "design", None)
+        if buf is None or len(buf) < k:
+            buf = self._scratch.design = np.empty((k, len(self.target)))
+        return buf[:k]
 
 
 _PREP: dict[int, _StepPrep] = {}
