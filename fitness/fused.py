@@ -315,7 +315,7 @@ class FusedTerms:
         self.starts = np.array(starts, dtype=np.int64)
         self.consts = np.array(consts or [0.0])
         self.names = names
-        self.depth = max((int(np.diff(self.starts).max()) if self.k else 0), 1)
+        self.depth = max(max((len(t) for t in terms), default=0), 1)  # a stack never deeper than its term
 
     def _bind(self, mat: ColumnMatrix) -> tuple[np.ndarray, np.ndarray]:
         """Opcodes and arguments on ``mat``: a variable reads its row of the float64 or float32 block."""

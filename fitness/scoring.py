@@ -18,6 +18,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 import sympy as sp
+from scipy.linalg import solve_triangular
 from scipy.optimize import lsq_linear, nnls
 
 from fitness.dataset import StepTable
@@ -157,12 +158,12 @@ def _bounded_gram(G: np.ndarray, h: np.ndarray, lower: np.ndarray, upper: np.nda
     if not keep.any():
         return None
     nk = norms[keep]
-    Gs = G[np.ix_(keep, keep)] / np.outer(nk, nk)  # the normal equations of A with unit columns
-    Gs[np.diag_indices_from(Gs)] += 1e-10  # ridge: collinear terms (e.g. constant per deployment)
+    Gs = (G if keep.all() else G[keep][:, keep]) / np.outer(nk, nk)  # the normal equations of A with unit columns
+    Gs.flat[:: len(Gs) + 1] += 1e-10  # ridge: collinear terms (e.g. constant per deployment)
     lo, hi = lower[keep] * nk, upper[keep] * nk
     try:
         L = np.linalg.cholesky(Gs)
-        y = np.linalg.solve(L, h[keep] / nk)
+        y = solve_triangular(L, h[keep] / nk, lower=True, check_finite=False)
         if np.isinf(hi).all() and not lo.any():
             sol, _ = nnls(L.T, y, maxiter=50 * len(G))
         else:
