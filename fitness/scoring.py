@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 import sympy as sp
-from scipy.linalg import solve_triangular
+from scipy.linalg.lapack import dtrtrs
 from scipy.optimize import lsq_linear, nnls
 
 from fitness.dataset import StepTable
@@ -163,7 +163,9 @@ def _bounded_gram(G: np.ndarray, h: np.ndarray, lower: np.ndarray, upper: np.nda
     lo, hi = lower[keep] * nk, upper[keep] * nk
     try:
         L = np.linalg.cholesky(Gs)
-        y = solve_triangular(L, h[keep] / nk, lower=True, check_finite=False)
+        y, info = dtrtrs(L, h[keep] / nk, lower=1)  # LAPACK directly: the wrappers cost more than the solve
+        if info != 0:
+            return None
         if np.isinf(hi).all() and not lo.any():
             sol, _ = nnls(L.T, y, maxiter=50 * len(G))
         else:
