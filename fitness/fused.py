@@ -56,6 +56,11 @@ def _cache_dir() -> str:
 
 
 _CACHE_DIR = _cache_dir()
+try:
+    os.makedirs(_CACHE_DIR, exist_ok=True)
+    _CACHED = True
+except OSError:  # numba would fall back to __pycache__, keyed by this file alone: compile instead
+    _CACHED = False
 
 
 def _kernel(**flags):
@@ -65,7 +70,7 @@ def _kernel(**flags):
         saved = numba.config.CACHE_DIR
         numba.config.CACHE_DIR = _CACHE_DIR  # read when the cache is set up, i.e. now
         try:
-            return numba.njit(cache=True, **_JIT, **flags)(fn)
+            return numba.njit(cache=_CACHED, **_JIT, **flags)(fn)
         finally:
             numba.config.CACHE_DIR = saved
 
