@@ -11,15 +11,18 @@ intercepts, the primitives carry the differences.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from typing import Callable, Mapping
 
 import numpy as np
 import sympy as sp
+from scipy.linalg.lapack import dtrtrs
 from scipy.optimize import lsq_linear, nnls
 
 from fitness.dataset import StepTable
+from fitness.fused import ColumnMatrix, FusedTerms, step_errors
 from fitness.physics_probes import PhysicsProbes
 from fitness.replay_rows import REPLAY_METRICS, ReplayRows
 from fitness.sim.latency_model import FITTED_NON_STEP_NAMES, full_non_step_terms
@@ -101,6 +104,36 @@ class _StepPrep:
         self.n_val = np.maximum(np.bincount(st.experiment[self.val_rows], minlength=self.n_exp).astype(float), 1.0)
         self.exp_train = st.experiment[self.train]
         self.exp_val = st.experiment[self.val_rows]
+        # the fused passes see the rows grouped by experiment, training rows first (a stable
+        # order: each group keeps its rows' order), so that each experiment's training and
+        # validation rows are contiguous; w^2 and w * b on every row are 0 off the training set
+        in_train = np.zeros(st.n, dtype=bool)
+        in_train[self.train] = True
+        self.order = np.lexsort((~in_train, st.experiment))
+        sorted_exp = st.experiment[self.order]
+        starts = np.searchsorted(sorted_exp, np.arange(self.n_exp + 1))
+        n_train_rows = np.bincount(st.experiment[self.train], minlength=self.n_exp)
+        self.train_rows = np.stack([starts[:-1], starts[:-1] + n_train_rows], axis=1).astype(np.int64)
+        self.val_rows_sorted = np.where(  # an experiment without a holdout is judged on its training rows
+            has_val[:, None], np.stack([self.train_rows[:, 1], starts[1:]], axis=1), self.train_rows
+        ).astype(np.int64)
+        w_rows = np.zeros(st.n)
+        w_rows[self.train] = self.w
+        self.w2 = (w_rows**2)[self.order]
+        self.wb = (w_rows**2 * st.cycle_time_us)[self.order]
+        self.w2_sum, self.wb_sum = float(self.w2.sum()), float(self.wb.sum())
+        self.target = np.ascontiguousarray(st.cycle_time_us[self.order], dtype=np.float64)
+        self.sorted_experiment = sorted_exp
+        self.sorted_val = self.val_rows[self.order]
+        self.columns = ColumnMatrix({k: np.asarray(v)[self.order] for k, v in st.columns.items()}, st.n)
+        self._scratch = threading.local()  # per thread: a Dask worker may score in several
+
+    def design_buffer(self, k: int) -> np.ndarray:
+        """(k, n) scratch for one candidate's terms, reused: a fresh one costs page faults."""
+        buf = getattr(self._scratch, "design", None)
+        if buf is None or len(buf) < k:
+            buf = self._scratch.design = np.empty((k, len(self.target)))
+        return buf[:k]
 
 
 _PREP: dict[int, _StepPrep] = {}
@@ -114,57 +147,111 @@ def _prep(st: StepTable) -> _StepPrep:
     return _PREP[key]
 
 
-def _bounded_normal(A: np.ndarray, b: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray | None:
-    """min ||A x - b||, lower <= x <= upper, through the (k x k) normal equations: fast for tall A.
+def _bounded_gram(G: np.ndarray, h: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray | None:
+    """min ||A x - b||, lower <= x <= upper, from the (k x k) normal equations G = A^T A, h = A^T b.
 
     A column that is all zero gets x = 0 (its lower bound would otherwise force a value
     that the data can not see; an efficiency term that is zero on every row is unused).
     """
-    norms = np.sqrt(np.einsum("ij,ij->j", A, A))
+    norms = np.sqrt(np.diag(G))
     keep = norms > 1e-12
     if not keep.any():
         return None
-    As = A[:, keep] / norms[keep]
-    G = As.T @ As
-    G[np.diag_indices_from(G)] += 1e-10  # ridge: collinear terms (e.g. constant per deployment)
-    lo, hi = lower[keep] * norms[keep], upper[keep] * norms[keep]
+    nk = norms[keep]
+    Gs = (G if keep.all() else G[keep][:, keep]) / np.outer(nk, nk)  # the normal equations of A with unit columns
+    Gs.flat[:: len(Gs) + 1] += 1e-10  # ridge: collinear terms (e.g. constant per deployment)
+    lo, hi = lower[keep] * nk, upper[keep] * nk
     try:
-        L = np.linalg.cholesky(G)
-        y = np.linalg.solve(L, As.T @ b)
+        L = np.linalg.cholesky(Gs)
+        y, info = dtrtrs(L, h[keep] / nk, lower=1)  # LAPACK directly: the wrappers cost more than the solve
+        if info != 0:
+            return None
         if np.isinf(hi).all() and not lo.any():
-            sol, _ = nnls(L.T, y, maxiter=50 * A.shape[1])
+            sol, _ = nnls(L.T, y, maxiter=50 * len(G))
         else:
             sol = np.clip(lsq_linear(L.T, y, bounds=(lo, hi), method="bvls").x, lo, hi)  # bvls may overshoot by ulps
     except (np.linalg.LinAlgError, RuntimeError, ValueError):
         return None
-    theta = np.zeros(A.shape[1])
-    theta[keep] = sol / norms[keep]
+    theta = np.zeros(len(G))
+    theta[keep] = sol / nk
     return theta
 
 
 TermFn = Callable[[Mapping[str, np.ndarray], int], np.ndarray]
 
 
-def _design(terms: list[TermFn], columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
-    """(n, k + 1): each term on the rows, then the intercept's column of ones."""
-    X = np.empty((n, len(terms) + 1))
-    for j, t in enumerate(terms):
-        X[:, j] = t(columns, n)
-    X[:, -1] = 1.0
-    return X
+class NumpyTerms:
+    """Terms as functions of the columns, one numpy array per node: archived expressions,
+    and the plain way the benchmark compares the fused evaluator (``FusedTerms``) with."""
+
+    def __init__(self, fns: list[TermFn]):
+        self.fns = fns
+        self.k = len(fns)
+
+    def design(self, columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+        """(n, k + 1): each term on the rows, then the intercept's column of ones."""
+        X = np.empty((self.k + 1, n))
+        for j, t in enumerate(self.fns):
+            X[j] = t(columns, n)
+        X[-1] = 1.0
+        return X.T
+
+    def normal_equations(self, st: StepTable, prep: _StepPrep) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """As ``_step_normal``: the design matrix, then its products."""
+        X = self.design(st.columns, st.n)
+        if not np.isfinite(X).all():
+            return None
+        a = X[prep.train] * prep.w[:, None]
+        return X.T[: self.k], a.T @ a, a.T @ prep.b
+
+    @staticmethod
+    def step_errors(X: np.ndarray, theta: np.ndarray, st: StepTable, prep: _StepPrep):
+        """As ``_step_errors``, with one prediction array and ``np.bincount``."""
+        pred = X.T @ theta[:-1] + theta[-1]
+        if not np.isfinite(pred).all() or (pred <= 0).any():
+            return None
+        ape = _ape(pred, st.cycle_time_us)
+        tr = np.bincount(prep.exp_train, weights=ape[prep.train], minlength=prep.n_exp)
+        va = np.bincount(prep.exp_val, weights=ape[prep.val_rows], minlength=prep.n_exp)
+        return tr, va, ape, st.experiment, prep.val_rows
 
 
-def score_program(program: Program, ctx: FitnessContext, detail: bool = False) -> Score:
+def _step_errors(terms, X: np.ndarray, theta: np.ndarray, st: StepTable, prep: _StepPrep, detail: bool):
+    """Sums of the relative error per experiment over the training and the validation rows,
+    and (``detail``) each row's error with the rows' experiments and validation flags, in
+    the order of X; None if a prediction is not finite or not > 0."""
+    if isinstance(terms, NumpyTerms):
+        return terms.step_errors(X, theta, st, prep)
+    sums = step_errors(X, theta, prep.target, prep.train_rows, prep.val_rows_sorted)
+    if sums is None:
+        return None
+    ape = _ape(X.T @ theta[:-1] + theta[-1], prep.target) if detail else None
+    return sums[0], sums[1], ape, prep.sorted_experiment, prep.sorted_val
+
+
+def _step_normal(terms, st: StepTable, prep: _StepPrep) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The terms on the step rows (k, n), and the normal equations G = A^T A, h = A^T b of the
+    weighted training rows with the intercept last; None where a value is not finite (a
+    non-finite value on a validation row shows up later, in the prediction)."""
+    if isinstance(terms, NumpyTerms):
+        return terms.normal_equations(st, prep)
+    X = prep.design_buffer(terms.k)
+    G, h = terms.normal_equations(prep.columns, prep.w2, prep.wb, X, prep.w2_sum, prep.wb_sum)
+    return (X, G, h) if np.isfinite(G).all() and np.isfinite(h).all() else None
+
+
+def score_program(program: Program, ctx: FitnessContext, detail: bool = False, fused: bool = True) -> Score:
     """Fit and score one candidate. Never raises on numeric trouble: NaN/inf -> WORST.
 
     ``detail`` adds per-experiment medians (for the archive), which the search skips.
+    ``fused=False`` evaluates the plain way, one numpy array per node (the benchmark's reference).
     """
     terms = additive_terms(program)
     physics = [_term_physics(canonical(t), t) for t in terms]
     if any(p is None for p in physics):  # a µs term that subtracts time: a negative efficiency
         return _worst(program)
-    fns = [partial(_program_term, t) for t in terms]
-    score = fit_terms(fns, ctx, detail, [len(t) for t in terms], [bool(p) for p in physics])
+    evaluator = FusedTerms(terms) if fused else [partial(_program_term, t) for t in terms]
+    score = fit_terms(evaluator, ctx, detail, [len(t) for t in terms], [bool(p) for p in physics])
     if not score.ok:
         return _worst(program)
     score.terms = terms
@@ -193,7 +280,7 @@ def _program_term(term: Program, columns: Mapping[str, np.ndarray], n: int) -> n
 
 
 def fit_terms(
-    term_fns: list[TermFn],
+    term_fns: list[TermFn] | FusedTerms,
     ctx: FitnessContext,
     detail: bool = False,
     term_sizes: list[int] | None = None,
@@ -201,31 +288,27 @@ def fit_terms(
 ) -> Score:
     """Fit ``intercept + sum(coef_i * term_i)`` and measure its errors.
 
-    Each term is a function of primitive columns; the search passes evolved programs,
-    leave-one-model-out passes the terms of an archived expression. Coefficients are
+    Each term is a function of primitive columns (leave-one-model-out passes the terms
+    of an archived expression), or the search's evolved terms compiled (``FusedTerms``). Coefficients are
     >= 0; those of efficiency terms (``efficiency_terms[i]``: a time in µs) lie inside
     ``ctx.efficiency_bounds``. A fit that fails ``ctx.probes`` (not monotone in work, or
     faster than the measured kernels allow) scores worst.
     """
-    terms = list(term_fns)
+    terms = term_fns if isinstance(term_fns, FusedTerms) else NumpyTerms(list(term_fns))
     st = ctx.steps
-    k = len(terms)
+    k = terms.k
     n_over = len(FITTED_NON_STEP_NAMES) if ctx.replay is not None else 0
-    blocks_a: list[np.ndarray] = []
-    blocks_b: list[np.ndarray] = []
+    G = np.zeros((k + 1 + n_over, k + 1 + n_over))
+    h = np.zeros(k + 1 + n_over)
 
-    # --- step rows ------------------------------------------------------------
+    # --- step rows: normal equations ----------------------------------------------
     step_X = None
     if st is not None:
         prep = _prep(st)
-        step_X = _design(terms, st.columns, st.n)
-        if not np.isfinite(step_X).all():
+        step = _step_normal(terms, st, prep)
+        if step is None:
             return _worst()
-        a = step_X[prep.train] * prep.w[:, None]
-        if n_over:
-            a = np.hstack([a, np.zeros((len(a), n_over))])
-        blocks_a.append(a)
-        blocks_b.append(prep.b)
+        step_X, G[: k + 1, : k + 1], h[: k + 1] = step
 
     # --- replayed experiment rows ---------------------------------------------
     replay_rows = []
@@ -236,7 +319,7 @@ def fit_terms(
             if not np.isfinite(obs).any():
                 continue
             cols = rp.columns[e]
-            T = _design(terms, cols, rp.weights[e].shape[1])
+            T = terms.design(cols, rp.weights[e].shape[1])
             if not np.isfinite(T).all():
                 return _worst()
             rows = np.hstack([rp.weights[e] @ T, rp.overhead[e]])
@@ -245,28 +328,28 @@ def fit_terms(
                     replay_rows.append((e, m, scope, rows[i], obs[i], rp.fixed_us[e][i]))
         if replay_rows:
             scale = np.sqrt(ctx.replay_weight)
-            blocks_a.append(np.array([r[3] / r[4] * scale for r in replay_rows]))
-            blocks_b.append(np.array([(r[4] - r[5]) / r[4] * scale for r in replay_rows]))
+            a = np.array([r[3] / r[4] * scale for r in replay_rows])
+            b = np.array([(r[4] - r[5]) / r[4] * scale for r in replay_rows])
+            if not np.isfinite(a).all():
+                return _worst()
+            G += a.T @ a
+            h += a.T @ b
 
-    if not blocks_a:
+    if st is None and not replay_rows:
         raise ValueError("nothing to score: no step rows and no replayed experiments")
-    A = np.vstack(blocks_a) if len(blocks_a) > 1 else blocks_a[0]
-    b = np.concatenate(blocks_b)
-    if not np.isfinite(A).all():
-        return _worst()
-    lower, upper = np.zeros(A.shape[1]), np.full(A.shape[1], np.inf)
+    lower, upper = np.zeros(len(G)), np.full(len(G), np.inf)
     lo_eff, hi_eff = ctx.efficiency_bounds
     for j, is_eff in enumerate(efficiency_terms or [False] * k):
         if is_eff:
             lower[j], upper[j] = lo_eff, hi_eff
-    theta = _bounded_normal(A, b, lower, upper)
+    theta = _bounded_gram(G, h, lower, upper)
     if theta is None:
         return _worst()
     coefs, intercept, over = theta[:k], float(theta[k]), theta[k + 1 :]
     probes = ctx.replay.probes if ctx.replay is not None else None
     if probes is not None and not _positive_on(probes, terms, theta[: k + 1]):
         return _worst()
-    if ctx.probes is not None and not ctx.probes.holds(lambda cols, n: _design(terms, cols, n) @ theta[: k + 1]):
+    if ctx.probes is not None and not ctx.probes.holds(lambda cols, n: terms.design(cols, n) @ theta[: k + 1]):
         return _worst()
     complexity = model_complexity(term_sizes or [1] * k, list(coefs), intercept)
 
@@ -274,12 +357,11 @@ def fit_terms(
     per_exp: dict[str, dict[str, float]] = {}
     train_error = 0.0
     if st is not None:
-        pred = step_X @ theta[: k + 1]
-        if not np.isfinite(pred).all() or (pred <= 0).any():
+        sums = _step_errors(terms, step_X, theta[: k + 1], st, prep, detail)
+        if sums is None:  # a prediction not finite or not > 0
             return _worst()
-        ape = _ape(pred, st.cycle_time_us)
-        tr_m = np.bincount(prep.exp_train, weights=ape[prep.train], minlength=prep.n_exp) / prep.n_train
-        va_m = np.bincount(prep.exp_val, weights=ape[prep.val_rows], minlength=prep.n_exp) / prep.n_val
+        tr_m, va_m = sums[0] / prep.n_train, sums[1] / prep.n_val
+        ape, row_experiment, row_val = sums[2:]
         train_error = float(tr_m.mean())
         objectives["step_mape"] = float(va_m.mean())
         objectives["step_mape_max"] = float(va_m.max())
@@ -287,8 +369,8 @@ def fit_terms(
         for e, name in enumerate(st.experiment_names):
             per_exp[name] = {"step_mape": float(va_m[e]), "step_mape_train": float(tr_m[e])}
             if detail:
-                rows = st.experiment == e
-                per_exp[name]["step_median_ape"] = float(np.median(ape[rows & prep.val_rows]))
+                rows = row_experiment == e
+                per_exp[name]["step_median_ape"] = float(np.median(ape[rows & row_val]))
                 per_exp[name]["n"] = int(rows.sum())
 
     replay_error = 0.0
@@ -343,13 +425,13 @@ def error_stats(errors: Mapping[str, list[float | None]]) -> dict[str, tuple[flo
     return out
 
 
-def _positive_on(probes: list[dict[str, np.ndarray]], terms: list[TermFn], theta: np.ndarray) -> bool:
+def _positive_on(probes: list[dict[str, np.ndarray]], terms, theta: np.ndarray) -> bool:
     """Whether the fitted step time is finite and > 0 on every probe step (no reliance on the floor)."""
     for cols in probes:
         n = len(next(iter(cols.values()))) if cols else 0
         if n == 0:
             continue
-        pred = _design(terms, cols, n) @ theta
+        pred = terms.design(cols, n) @ theta
         if not (np.isfinite(pred).all() and (pred > 0).all()):
             return False
     return True

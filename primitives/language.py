@@ -4,12 +4,15 @@ A *program* is a tuple of tokens in prefix order, the picklable form of a DEAP t
 ``("op", name)`` for an operator, ``("var", primitive_name)`` for a terminal and
 ``("const", value)`` for a constant. Each operator is defined once here, with its
 numpy implementation (protected, so NaN and inf never escape from bad inputs), its
-sympy form (read by the archive, the simplifier and the Go printer) and its Go form
-(printed by ``translate_go``).
+scalar form (compiled by ``fitness.fused`` into the fused evaluator; same values as the
+numpy form, NaN included), its sympy form (read by the archive, the simplifier and the
+Go printer) and its Go form (printed by ``translate_go``).
 """
 
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -32,6 +35,83 @@ def np_pdiv(x, y):
     ok = np.abs(y) > PDIV_EPS
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         return np.where(ok, x / np.where(ok, y, 1.0), 0.0)
+
+
+def add(a, b):  # floats (the scalar form) and sympy expressions (the sympy form) alike
+    return a + b
+
+
+def sub(a, b):
+    return a - b
+
+
+def mul(a, b):
+    return a * b
+
+
+def scalar_pdiv(x: float, y: float) -> float:
+    return x / y if abs(y) > PDIV_EPS else 0.0
+
+
+def scalar_max(a, b):
+    return a if (a >= b or a != a) else b  # a NaN wins, as in np.maximum
+
+
+def scalar_min(a, b):
+    return a if (a <= b or a != a) else b
+
+
+def scalar_psqrt(x):
+    return math.sqrt(abs(x))
+
+
+def float_bits(x: float) -> int:
+    """The IEEE-754 bits of a float64 as int64 (``fitness.fused`` compiles it to a bitcast)."""
+    return struct.unpack("<q", struct.pack("<d", x))[0]
+
+
+def bits_float(b: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", b))[0]
+
+
+# fdlibm's log (e_log.c): ln 2 in two parts and the minimax polynomial of log((1+s)/(1-s))
+_LN2_HI, _LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10
+_LG1, _LG2, _LG3 = 6.666666666666735130e-01, 3.999999999940941908e-01, 2.857142874366239149e-01
+_LG4, _LG5, _LG6, _LG7 = (
+    2.222219843214978396e-01,
+    1.818357216161805012e-01,
+    1.531383769920937332e-01,
+    1.479819860511658591e-01,
+)
+
+
+def scalar_plog(x):
+    """log1p(|x|) within 2 ulps of numpy's, without library calls so that a compiler
+    vectorises it (numpy's own log1p is vectorised): fdlibm's log (e_log.c, < 1 ulp) of
+    u = 1 + a, scaled by a / (u - 1) to cancel the rounding of 1 + a (Goldberg, "What every
+    computer scientist should know about floating-point arithmetic")."""
+    a = abs(x)
+    u = 1.0 + a
+    if not u < math.inf:  # inf and NaN
+        return u
+    if u == 1.0:
+        return a
+    b = float_bits(u)
+    hx = (b >> 32) & 0x000FFFFF
+    i = (hx + 0x95F64) & 0x100000  # mantissa into [sqrt(2)/2, sqrt(2))
+    k = ((b >> 52) - 1023) + (i >> 20)
+    f = bits_float(((hx | (i ^ 0x3FF00000)) << 32) | (b & 0xFFFFFFFF)) - 1.0
+    s = f / (2.0 + f)
+    dk = float(k)
+    z = s * s
+    w = z * z
+    r = z * (_LG1 + w * (_LG3 + w * (_LG5 + w * _LG7))) + w * (_LG2 + w * (_LG4 + w * _LG6))
+    hfsq = 0.5 * f * f
+    if ((hx - 0x6147A) | (0x6B851 - hx)) > 0:
+        log_u = dk * _LN2_HI - ((hfsq - (s * (hfsq + r) + dk * _LN2_LO)) - f)
+    else:
+        log_u = dk * _LN2_HI - ((s * (f - r) - dk * _LN2_LO) - f)
+    return log_u * (a / (u - 1.0))
 
 
 def np_psqrt(x):
@@ -76,6 +156,7 @@ class Operator:
     name: str
     arity: int
     numpy_fn: Callable
+    scalar_fn: Callable  # one row at a time: the form the fused evaluator compiles
     sympy_fn: Callable
     commutative: bool
     # Go form: a format string over the operands' Go code ({0}, {1}). add/sub/mul are
@@ -92,35 +173,19 @@ def _sp_plog(x):
     return sp.log(1 + sp.Abs(x))
 
 
-def _sp_add(a, b):
-    return a + b
-
-
-def _sp_sub(a, b):
-    return a - b
-
-
-def _sp_mul(a, b):
-    return a * b
-
-
 OPERATORS: dict[str, Operator] = {
     op.name: op
     for op in (
-        Operator("add", 2, np.add, _sp_add, True, "{0} + {1}"),
-        Operator("sub", 2, np.subtract, _sp_sub, False, "{0} - {1}"),
-        Operator("mul", 2, np.multiply, _sp_mul, True, "{0} * {1}"),
-        Operator("pdiv", 2, np_pdiv, pdiv, False, "pdiv({0}, {1})", PDIV_GO),
-        Operator("max", 2, np.maximum, sp.Max, True, "math.Max({0}, {1})"),
-        Operator("min", 2, np.minimum, sp.Min, True, "math.Min({0}, {1})"),
-        Operator("psqrt", 1, np_psqrt, _sp_psqrt, False, "math.Sqrt(math.Abs({0}))"),
-        Operator("plog", 1, np_plog, _sp_plog, False, "math.Log(1.0 + math.Abs({0}))"),
+        Operator("add", 2, np.add, add, add, True, "{0} + {1}"),
+        Operator("sub", 2, np.subtract, sub, sub, False, "{0} - {1}"),
+        Operator("mul", 2, np.multiply, mul, mul, True, "{0} * {1}"),
+        Operator("pdiv", 2, np_pdiv, scalar_pdiv, pdiv, False, "pdiv({0}, {1})", PDIV_GO),
+        Operator("max", 2, np.maximum, scalar_max, sp.Max, True, "math.Max({0}, {1})"),
+        Operator("min", 2, np.minimum, scalar_min, sp.Min, True, "math.Min({0}, {1})"),
+        Operator("psqrt", 1, np_psqrt, scalar_psqrt, _sp_psqrt, False, "math.Sqrt(math.Abs({0}))"),
+        Operator("plog", 1, np_plog, scalar_plog, _sp_plog, False, "math.Log(1.0 + math.Abs({0}))"),
     )
 }
-
-
-def scalar_pdiv(x: float, y: float) -> float:
-    return x / y if abs(y) > PDIV_EPS else 0.0
 
 
 # numpy names for lambdify of archived sympy expressions (arrays), and scalar ones
