@@ -18,9 +18,7 @@ are float64 already, and the measured gain of float32 columns did not pay for it
 
 from __future__ import annotations
 
-import hashlib
-import os
-from pathlib import Path
+import sys
 from typing import Mapping
 
 import numba
@@ -30,6 +28,7 @@ from numba.core import types
 from numba.extending import intrinsic, overload
 
 import primitives.language
+from primitives.jit_cache import flush_when_changed
 from primitives.language import OPERATORS, Program, bits_float, float_bits
 
 CHUNK_ROWS = 1024  # 8 KiB per stack slot: the stack stays in L1/L2; measured faster than 512 or 2048
@@ -41,40 +40,10 @@ OPCODE = {op.name: i for i, op in enumerate(_OPS)}
 _JIT = {"nogil": True, "error_model": "numpy"}  # numpy semantics: x/0 is inf, not an exception
 
 
-def _cache_dir() -> str:
-    """Where the compiled kernels are cached, named after what they are compiled from.
-
-    numba invalidates a cached function only when its own file changes, but these kernels
-    inline the operators' scalar forms from ``primitives/language.py``: a directory per
-    fingerprint of both files (and of numba) keeps an edited operator from running stale code.
-    """
-    digest = hashlib.sha1(numba.__version__.encode())
-    for source in (__file__, primitives.language.__file__):
-        digest.update(Path(source).read_bytes())
-    base = numba.config.CACHE_DIR or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "numba")
-    return os.path.join(base, f"stepsynth-fused-{digest.hexdigest()[:16]}")
-
-
-_CACHE_DIR = _cache_dir()
-try:
-    os.makedirs(_CACHE_DIR, exist_ok=True)
-    _CACHED = True
-except OSError:  # numba would fall back to __pycache__, keyed by this file alone: compile instead
-    _CACHED = False
-
-
 def _kernel(**flags):
-    """``numba.njit`` cached in ``_CACHE_DIR`` (a second process loads instead of compiling)."""
-
-    def wrap(fn):
-        saved = numba.config.CACHE_DIR
-        numba.config.CACHE_DIR = _CACHE_DIR  # read when the cache is set up, i.e. now
-        try:
-            return numba.njit(cache=_CACHED, **_JIT, **flags)(fn)
-        finally:
-            numba.config.CACHE_DIR = saved
-
-    return wrap
+    """``numba.njit`` cached on disk (a second process loads instead of compiling); the cache
+    is flushed when this file or the operator table changes (bottom of this module)."""
+    return numba.njit(cache=True, **_JIT, **flags)
 
 
 @intrinsic
@@ -370,3 +339,8 @@ def step_errors(
     tr = np.zeros(len(train_rows))
     va = np.zeros(len(train_rows))
     return (tr, va) if _step_errors(X, theta, target, train_rows, val_rows, tr, va) else None
+
+
+flush_when_changed(
+    [_run_term, _dot, _dot3, _design_pass, _error_sum, _step_errors], [sys.modules[__name__], primitives.language], __name__
+)
