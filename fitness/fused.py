@@ -342,5 +342,7 @@ def step_errors(
 
 
 flush_when_changed(
-    [_run_term, _dot, _dot3, _design_pass, _error_sum, _step_errors], [sys.modules[__name__], primitives.language], __name__
+    [_run_term, _dot, _dot3, _design_pass, _error_sum, _step_errors],
+    [sys.modules[__name__], primitives.language],
+    __name__,
 )
