@@ -181,7 +181,7 @@ def experiments_fingerprint(directory: Path) -> str:
 
 def trajectories(specs, resolver: DeploymentResolver, models: list, names: list[str], seed: int, jobs: int):
     """Closed-loop runs of each experiment with its model, in parallel."""
-    deps = [resolver.resolve(s.model, s.tp) for s in specs]
+    deps = [resolver.resolve_experiment(s) for s in specs]
     if jobs > 1 and len(specs) > 1:
         return Parallel(n_jobs=jobs, backend="loky")(
             delayed(record_trajectory)(s, d, m, names, seed) for s, d, m in zip(specs, deps, models, strict=True)
@@ -194,7 +194,7 @@ def build_replay_rows(
 ) -> ReplayRows:
     """Initial rows: trajectories recorded with the reference physics model."""
     specs = scored_experiments(Path(experiments_dir))
-    models = [reference_model(resolver.resolve(s.model, s.tp)) for s in specs]
+    models = [reference_model(resolver.resolve_experiment(s)) for s in specs]
     return rows_from(trajectories(specs, resolver, models, names, seed, jobs))
 
 
@@ -203,7 +203,7 @@ def refresh_replay_rows(
 ) -> ReplayRows:
     """Rows re-recorded with an archived model (anything with expression and overheads) driving the closed loop."""
     specs = scored_experiments(Path(experiments_dir))
-    models = [ExpressionLatencyModel.from_entry(entry, resolver.resolve(s.model, s.tp)) for s in specs]
+    models = [ExpressionLatencyModel.from_entry(entry, resolver.resolve_experiment(s)) for s in specs]
     return rows_from(trajectories(specs, resolver, models, names, seed, jobs))
 
 

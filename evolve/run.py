@@ -148,7 +148,7 @@ def prepare_context(config: RunConfig, resolver: DeploymentResolver):
     deployments = list(table.deployments)
     if config.experiments:  # the replayed experiments' deployments are probed too
         for spec in find_experiments(Path(config.experiments)):
-            dep = resolver.resolve(spec.model, spec.tp)
+            dep = resolver.resolve_experiment(spec)
             if dep not in deployments:
                 deployments.append(dep)
     ctx = FitnessContext(

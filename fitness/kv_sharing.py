@@ -34,7 +34,7 @@ def trace_kv_sharing(
         spec = specs.get(name)
         if spec is None:
             continue
-        dep = resolver.resolve(spec.model, spec.tp)
+        dep = resolver.resolve_experiment(spec)
         result = simulate(spec, dep, reference_model(dep), seed=seed, record=True)
         out[name] = round(kv_sharing_factor(result.trajectory), 4)
     return out

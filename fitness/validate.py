@@ -124,7 +124,7 @@ def closed_loop_runs(
     tails: bool = True,
 ) -> list[dict]:
     """:func:`closed_loop_item` of every (experiment, expression, overheads), in parallel."""
-    runs = [(s, resolver.resolve(s.model, s.tp), e, o) for s, e, o in runs]
+    runs = [(s, resolver.resolve_experiment(s), e, o) for s, e, o in runs]
     jobs = jobs or default_jobs()
     if jobs > 1 and len(runs) > 1:
         return Parallel(n_jobs=jobs, backend="loky")(delayed(closed_loop_item)(*run, seed, tails) for run in runs)
