@@ -40,6 +40,7 @@ from fitness.replay_rows import (
 from fitness.scoring import FitnessContext, score_program
 from fitness.sim.engine import simulate
 from fitness.sim.latency_model import FITTED_NON_STEP_NAMES
+from fitness.sim.loadgen import NoSuccessfulRequest, require_success
 from fitness.sim.models import AnchoredModel, ExpressionLatencyModel, reference_model
 from fitness.sim.replay import OVERHEAD_NAMES, metric_weights
 from primitives.compute import kernel_binding, primitive_columns
@@ -116,6 +117,7 @@ def record_trajectory(spec: ExperimentSpec, deployment, model, names: list[str],
     a = anchor(spec, deployment, model, seed)
     recorder = AnchoredModel(model, a.scale) if a.passes else model
     result = simulate(spec, deployment, recorder, seed=seed, record=True)
+    require_success(spec, deployment, result.metrics.summary, "the recording model")
     traj = result.trajectory
     feats = traj.features()
     cols = primitive_columns(feats, deployment.constants, names, kernel_binding(names, [deployment]))
@@ -255,7 +257,11 @@ def calibrated_replay_rows(
             f"calibration {r + 1}/{config.calibration_rounds}: best seed's replay error {score.replay_error:.3f};"
             " re-recording with it"
         )
-        rows = refresh_replay_rows(exp_dir, resolver, model_entry(model), names, config.seed, config.jobs)
+        try:
+            rows = refresh_replay_rows(exp_dir, resolver, model_entry(model), names, config.seed, config.jobs)
+        except NoSuccessfulRequest as exc:
+            ui.log(f"calibration {r + 1}: keeping the previous trajectories: {exc}")
+            break
         _, score = best_seed(replace(ctx, replay=rows), names)
         if not score.replay_error < best[0]:
             # near saturation the fixed point can overshoot: keep the better trajectories
@@ -274,6 +280,12 @@ def refresh_trajectories(search, config: RunConfig, resolver: DeploymentResolver
     """Re-record the trajectories with the search's current best model (closed loop), rescore."""
     model = replay_model_of(search.best_item()[1])
     ui.log(f"generation {search.state.generation}: refreshing trajectories with the current best model")
-    rows = refresh_replay_rows(Path(config.experiments), resolver, model_entry(model), names, config.seed, config.jobs)
+    try:
+        rows = refresh_replay_rows(
+            Path(config.experiments), resolver, model_entry(model), names, config.seed, config.jobs
+        )
+    except NoSuccessfulRequest as exc:  # the model's own failure: keep the trajectories of the last one
+        ui.log(f"refresh skipped, keeping the previous trajectories: {exc}")
+        return
     search.replace_context(replace(search.ctx, replay=rows))
     search.state.replay_model = model

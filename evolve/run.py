@@ -24,6 +24,7 @@ from fitness.dataset import build_step_table
 from fitness.kv_sharing import trace_kv_sharing
 from fitness.physics_probes import PhysicsProbes
 from fitness.scoring import FitnessContext
+from fitness.sim.loadgen import check_servable
 from primitives.data.experiments import find_experiments
 from primitives.data.roots import default_data_dir
 from primitives.data.traces import load_steps
@@ -149,6 +150,8 @@ def prepare_context(config: RunConfig, resolver: DeploymentResolver):
     if config.experiments:  # the replayed experiments' deployments are probed too
         for spec in find_experiments(Path(config.experiments)):
             dep = resolver.resolve_experiment(spec)
+            if spec.observed is not None:  # scored: fail now, not after the run directory is made
+                check_servable(spec, dep)
             if dep not in deployments:
                 deployments.append(dep)
     ctx = FitnessContext(

@@ -172,6 +172,9 @@ def print_validation(console, result: dict, title: str) -> None:
     if result.get("ranking"):
         console.print(ranking_table(result["ranking"]))
     console.print(summary_table(result.get("summary", {})))
+    for item in result.get("experiments", []):
+        if item.get("no_success"):
+            console.print(f"{item['name']}: no request succeeded: {item['no_success']}", markup=False, soft_wrap=True)
     for key, groups in result.get("summary", {}).items():  # per held-out model or workload
         if isinstance(groups, dict):
             console.print(rows_table([{"name": g, **v} for g, v in groups.items()], title=f"per held-out {key[:-1]}"))

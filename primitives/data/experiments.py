@@ -235,8 +235,8 @@ def _parse_metrics_file(path: Path) -> LifecycleMetrics:
         if successes == 0:
             raw = _get(data, dotted, path, None)
             means[f"{metric}_mean_s"] = None if raw is None else float(_number(raw, path, dotted, allow_zero=True))
-        else:
-            means[f"{metric}_mean_s"] = float(_num_field(data, dotted, path, allow_zero=True))
+        else:  # a served request took time to answer; ITL and TPOT are 0 for one-token outputs
+            means[f"{metric}_mean_s"] = float(_num_field(data, dotted, path, allow_zero=metric in ("itl", "tpot")))
         distributions[metric] = _percentiles_field(data, f"successes.latency.{src}", path)
     return LifecycleMetrics(
         successes=int(successes),
