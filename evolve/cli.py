@@ -20,7 +20,7 @@ from archive.entry import ArchiveEntry
 from evolve.cli_parser import PROG, build_parser
 from evolve.report import clean, entry_record, fmt_cell
 from primitives.errors import InputError, writable_dir
-from primitives.files import atomic_write_text
+from primitives.files import atomic_write_text, regular_target
 
 
 # -- helpers ------------------------------------------------------------------------
@@ -46,9 +46,7 @@ def _check_writable_file(path: str | None, option: str) -> None:
     """Fail before the (slow) work when an output file could not be written."""
     if path is None:
         return
-    p = Path(path)
-    if p.is_dir():
-        raise InputError(p, option, "is a directory; expected a file name")
+    p = regular_target(path, option)
     parent = p.parent if str(p.parent) else Path(".")
     if parent.exists() and not parent.is_dir():
         raise InputError(p, option, f"cannot write: {parent} is a file, not a directory")
@@ -78,7 +76,7 @@ def _open_store(run_dir: str | None):
     from archive.rundir import locate_archive
     from archive.store import ArchiveStore
 
-    return ArchiveStore(locate_archive(run_dir), create=False)
+    return ArchiveStore(locate_archive(run_dir), create=False, read_only=True)
 
 
 def _get_entry(run_dir: str | None, entry_id: str) -> ArchiveEntry:

@@ -236,9 +236,14 @@ def plot_predicted_vs_observed(items: list[dict], path: Path, title: str) -> Pat
     fig = predicted_vs_observed_figure(items, title)
     if fig is None:
         return None
+    from io import BytesIO
+
     import matplotlib.pyplot as plt
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    from primitives.files import atomic_write_bytes
+
+    buf = BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write_bytes(path, buf.getvalue())
