@@ -174,15 +174,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         resume=args.resume,
         **{k: (list(v) if isinstance(v, tuple) else v) for k, v in given.items() if k != "data"},
     )
-    from evolve.crash import kill_workers, stop_on_sigterm
+    from evolve.crash import kill_workers, sigterm_as_interrupt
     from evolve.run import run_search
     from evolve.ui import RunUI
 
     _INTERRUPT_HINT.append(f"; finished generations are kept in {run_dir} (continue with --resume {run_dir})")
-    stop_on_sigterm()
     ui = RunUI()
     try:
-        run_search(config, ui, frozenset(given), started_at)
+        with sigterm_as_interrupt():
+            run_search(config, ui, frozenset(given), started_at)
     finally:
         ui.close()
         kill_workers()

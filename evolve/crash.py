@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 DISK_FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
@@ -49,9 +50,14 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def stop_on_sigterm() -> None:
-    """SIGTERM takes Ctrl-C's path: checkpoint, mark the run interrupted, exit 130."""
-    signal.signal(signal.SIGTERM, _interrupt)
+@contextmanager
+def sigterm_as_interrupt():
+    """Inside: SIGTERM takes Ctrl-C's path (checkpoint, mark the run interrupted, exit 130)."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def kill_workers() -> None:
@@ -59,4 +65,4 @@ def kill_workers() -> None:
     module = sys.modules.get("joblib.externals.loky.reusable_executor")
     executor = getattr(module, "_executor", None)
     if executor is not None:
-        executor.shutdown(wait=False, kill_workers=True)
+        executor.shutdown(wait=True, kill_workers=True)

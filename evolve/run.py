@@ -205,6 +205,8 @@ def run_search(config: RunConfig, ui, given: frozenset[str] = frozenset(), start
                     config, ctx, names, resolver, replay_model, evaluator, store, meta, termination, owner, ui
                 )
             except (KeyboardInterrupt, SystemExit):
+                if next(r.status for r in store.runs() if r.run_id == run_id) == "running":  # before the loop
+                    store.finish_run(run_id, {"generations": 0}, status="interrupted")
                 record_latest(root)  # the finished generations are kept, and resumable
                 raise
             except BaseException as exc:
