@@ -102,7 +102,7 @@ def _resolver(args: argparse.Namespace):
 
 
 # -- commands -----------------------------------------------------------------------
-_INTERRUPT_HINT: list[str] = []
+_RUN_DIRS: list[Path] = []  # the run directory of a run command, for the interruption line
 
 
 def _usable_cpus() -> int:
@@ -178,7 +178,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from evolve.run import run_search
     from evolve.ui import RunUI
 
-    _INTERRUPT_HINT.append(f"; finished generations are kept in {run_dir} (continue with --resume {run_dir})")
+    _RUN_DIRS.append(run_dir)
     ui = RunUI()
     try:
         with sigterm_as_interrupt():
@@ -355,6 +355,17 @@ def cmd_export_go(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interruption(exc: KeyboardInterrupt) -> str:
+    from archive.rundir import RunDir
+    from evolve.crash import TimeLimitReached
+
+    what = f"stopped: {exc}" if isinstance(exc, TimeLimitReached) else "interrupted"
+    kept = [d for d in _RUN_DIRS if RunDir(d).checkpoint.is_file()]
+    if kept:
+        return f"{what}; finished generations are kept in {kept[0]} (continue with --resume {kept[0]})"
+    return f"{what}; nothing was written" if _RUN_DIRS else what
+
+
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
@@ -375,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2, one line), already printed
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    _INTERRUPT_HINT.clear()
+    _RUN_DIRS.clear()
     try:
         return int(args.handler(args) or 0)
     except InputError as exc:
@@ -384,8 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModuleNotFoundError as exc:  # a missing piece of this build or an optional package: not a user error
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(_one_line("interrupted" + "".join(_INTERRUPT_HINT)), file=sys.stderr)
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM or the time limit
+        print(_one_line(_interruption(exc)), file=sys.stderr)
         return 130
     except BrokenPipeError:
         # the reader went away (e.g. `| head`); silence the flush at exit

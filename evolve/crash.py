@@ -66,3 +66,26 @@ def kill_workers() -> None:
     executor = getattr(module, "_executor", None)
     if executor is not None:
         executor.shutdown(wait=True, kill_workers=True)
+
+
+class TimeLimitReached(KeyboardInterrupt):
+    """``--time-limit`` ran out outside the generation loop (set-up, final checks): taken as an interrupt."""
+
+
+@contextmanager
+def time_limit_alarm(remaining_s: float | None, what: str):
+    """Inside: raise :class:`TimeLimitReached` once REMAINING_S have passed (None: no limit)."""
+    if remaining_s is None:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TimeLimitReached(f"the time limit was reached during {what}")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, max(remaining_s, 0.001))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

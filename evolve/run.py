@@ -8,6 +8,7 @@ every generation, in order: trajectory refresh, progress, archiving, checkpointi
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,6 +17,7 @@ from archive.rundir import RunDir, RunLock, record_latest, refuse_used_dir
 from archive.store import ArchiveStore
 from evolve.calibration import calibrated_replay_rows, experiments_fingerprint, refresh_every, refresh_trajectories
 from evolve.config import RunConfig
+from evolve.crash import TimeLimitReached, time_limit_alarm
 from evolve.evaluator import Evaluator
 from evolve.records import best_entries, record_front
 from evolve.resume import fresh_config, resumed_config
@@ -47,6 +49,9 @@ class Termination:
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.started_at
 
+    def remaining_s(self) -> float | None:
+        return None if self.time_limit_s is None else self.time_limit_s - self.elapsed_s()
+
     def out_of_time(self) -> bool:
         return self.time_limit_s is not None and self.elapsed_s() >= self.time_limit_s
 
@@ -70,7 +75,11 @@ class TrajectoryRefresh:
         generation = search.state.generation
         due = generation % refresh_every(self.config) == 0 and generation < self.config.generations
         if due and not self.termination.out_of_time():
-            refresh_trajectories(search, self.config, self.resolver, self.names, self.ui)
+            try:
+                with time_limit_alarm(self.termination.remaining_s(), "a trajectory refresh"):
+                    refresh_trajectories(search, self.config, self.resolver, self.names, self.ui)
+            except TimeLimitReached:  # the search keeps its current trajectories and stops next
+                self.ui.log("time limit reached during a trajectory refresh; keeping the previous trajectories")
 
 
 class Progress:
@@ -163,6 +172,11 @@ def run_search(config: RunConfig, ui, given: frozenset[str] = frozenset(), start
     """
     termination = Termination(config.generations, config.time_limit_s, started_at or time.perf_counter())
     config = resumed_config(config, set(given)) if config.resume else fresh_config(config)
+    with time_limit_alarm(termination.remaining_s(), "set-up (loading the inputs, recording trajectories)"):
+        return _run(config, ui, termination)
+
+
+def _run(config: RunConfig, ui, termination: Termination) -> list:
     root = Path(config.run_dir)
     resolver = DeploymentResolver.from_options(
         *(Path(v) if v else None for v in (config.model_configs, config.gpu_datasheet, config.kernels))
@@ -190,6 +204,7 @@ def run_search(config: RunConfig, ui, given: frozenset[str] = frozenset(), start
         ctx = replace(ctx, replay=rows)
     termination.generations = config.generations
 
+    signal.setitimer(signal.ITIMER_REAL, 0)  # set-up is over: from here Termination decides
     root = writable_dir(root, "--run-dir")
     run_id = root.name
     meta = {"run_id": run_id, "fingerprint": fingerprint, "seed": config.seed, "config": config.to_dict()}
@@ -248,11 +263,16 @@ def _search(
         raise
     entries = record_front(store, search, meta, final=True)
     if config.experiments and config.closed_loop_checks > 0 and not termination.out_of_time():
-        checked = closed_loop_check(
-            entries, config.closed_loop_checks, Path(config.experiments), resolver, config.seed, config.jobs, ui
-        )
-        stats = {"evaluations": search.state.evaluations, "closed_loop_checked": [e.id for e in checked]}
-        store.record_generation(run_id, search.state.generation, entries, best_entries(search, meta), stats)
+        try:
+            with time_limit_alarm(termination.remaining_s(), "the final closed-loop check"):
+                checked = closed_loop_check(
+                    entries, config.closed_loop_checks, Path(config.experiments), resolver, config.seed, config.jobs, ui
+                )
+        except TimeLimitReached:  # the front stays as the search scored it
+            ui.log("time limit reached during the final closed-loop check; the front keeps the search's scores")
+        else:
+            stats = {"evaluations": search.state.evaluations, "closed_loop_checked": [e.id for e in checked]}
+            store.record_generation(run_id, search.state.generation, entries, best_entries(search, meta), stats)
     elif config.experiments and config.closed_loop_checks > 0:
         ui.log("time limit reached: the closed-loop check of the front is skipped")
     checkpointer.save(search)

@@ -85,15 +85,25 @@ def atomic_write_json(path: str | os.PathLike, payload, **dumps_kwargs) -> Path:
     return atomic_write_text(path, json.dumps(payload, **dumps_kwargs) + "\n")
 
 
+def require_regular_input(path: Path) -> None:
+    """An existing input must be a regular file: reading a FIFO or a device would block or never end."""
+    if path.exists() and not path.is_file():
+        kind = "a directory" if path.is_dir() else "not a regular file (a device, FIFO or socket)"
+        raise InputError(path, None, f"is {kind}; expected a file")
+
+
 def read_text(path: str | os.PathLike) -> str:
     """The file's text; a missing, unreadable or empty file is a one-line InputError."""
     path = Path(path)
+    require_regular_input(path)
     try:
         text = path.read_text()
     except FileNotFoundError:
         raise InputError(path, None, "file not found") from None
     except OSError as exc:
         raise InputError(path, None, f"cannot read file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(path, None, f"not a text file (byte {exc.start} is not UTF-8)") from None
     if not text.strip():
         raise InputError(path, None, "the file is empty")
     return text

@@ -133,7 +133,17 @@ def test_run_interrupted_is_one_line_130(project: Path, monkeypatch, capsys):
     fake_module(monkeypatch, "evolve.run", run_search=interrupted)
     assert main(["run", "--generations", "2", "--run-dir", "somewhere"]) == 130
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and err.startswith("interrupted") and "--resume" in err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("interrupted") and "nothing was written" in err
+
+    def interrupted_after_a_checkpoint(config, ui, *_):
+        RunDir(Path(config.run_dir)).root.mkdir(parents=True)
+        RunDir(Path(config.run_dir)).checkpoint.write_bytes(b"")
+        raise KeyboardInterrupt
+
+    fake_module(monkeypatch, "evolve.run", run_search=interrupted_after_a_checkpoint)
+    assert main(["run", "--generations", "2", "--run-dir", "somewhere"]) == 130
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("interrupted") and "--resume somewhere" in err
 
 
 # -- score / validate / export-go ------------------------------------------------------

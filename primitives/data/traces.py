@@ -20,6 +20,7 @@ import pandas as pd
 from primitives import checks
 from primitives.deployment import KV_BLOCK_TOKENS
 from primitives.errors import InputError
+from primitives.files import require_regular_input
 from primitives.registry import AGGREGATE_FEATURES, ALL_FEATURES
 
 # the vLLM tracer's export names, then the embedded synthetic data's (named apart so it is
@@ -105,6 +106,7 @@ class StepData:
 
 
 def _read_table(path: Path) -> pd.DataFrame:
+    require_regular_input(path)
     try:
         if path.stat().st_size == 0:
             raise InputError(path, None, "the file is empty; expected a step-trace table")
