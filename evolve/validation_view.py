@@ -225,7 +225,8 @@ def predicted_vs_observed_figure(items: list[dict], title: str, stats: tuple[str
             ax.set_xlabel(f"observed {stat} {m.upper()} (s)")
             ax.set_ylabel(f"predicted {stat} {m.upper()} (s)")
             ax.set_title(f"{m.upper()} {stat}")
-    axes[0][0].legend(fontsize=7, loc="upper left")
+    if axes[0][0].get_legend_handles_labels()[0]:  # no panel when no experiment had a successful request
+        axes[0][0].legend(fontsize=7, loc="upper left")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig

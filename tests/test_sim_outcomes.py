@@ -3,10 +3,12 @@
 request failed, and the closed-loop score of such a candidate is the worst one."""
 
 import json
+import warnings
 
 import pytest
 from test_bad_input import EXP_CONFIG, _experiment, _metrics, assert_one_line_error, call, run_args
 
+from evolve.validation_view import plot_predicted_vs_observed
 from fitness.sim.engine import simulate
 from fitness.sim.loadgen import no_success_reason
 from fitness.sim.models import reference_model
@@ -50,6 +52,9 @@ def test_validate_reports_all_failed_and_scores_worst(tmp_path):
     assert "weights" in item["no_success"]
     assert item["e2e_error"] == float("inf")  # the worst a candidate can score
     assert summarise([item])["e2e_error_mean"] == float("inf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # its plot has no point to draw: no legend warning on stderr either
+        plot_predicted_vs_observed([item], tmp_path / "plot.png", "no success")
 
 
 def test_a_model_that_times_everything_out_is_named_not_a_key_error(work, capsys):
