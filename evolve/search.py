@@ -208,7 +208,9 @@ class Search:
         except OSError as exc:
             raise InputError(path, None, f"cannot read the checkpoint ({exc.strerror or exc})") from None
         data, tag, digest = raw.rpartition(CHECKSUM_TAG)
-        if not tag or hashlib.sha256(data).hexdigest().encode() != digest:
+        if not tag:
+            raise InputError(path, None, "the checkpoint carries no checksum (torn, or from an older version)")
+        if hashlib.sha256(data).hexdigest().encode() != digest:
             raise InputError(path, None, "the checkpoint is damaged (checksum mismatch); cannot resume from it")
         try:
             payload = pickle.loads(data)
