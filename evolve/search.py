@@ -209,7 +209,9 @@ class Search:
             raise InputError(path, None, f"cannot read the checkpoint ({exc.strerror or exc})") from None
         data, tag, digest = raw.rpartition(CHECKSUM_TAG)
         if not tag:
-            raise InputError(path, None, "the checkpoint carries no checksum (torn, or from an older version)")
+            raise InputError(
+                path, None, "the checkpoint is damaged or from an older version (no checksum); cannot resume from it"
+            )
         if hashlib.sha256(data).hexdigest().encode() != digest:
             raise InputError(path, None, "the checkpoint is damaged (checksum mismatch); cannot resume from it")
         try:
