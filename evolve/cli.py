@@ -126,6 +126,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from archive.rundir import default_run_dir
     from evolve.config import RunConfig
+    from evolve.resume import FIXED_BY_THE_RUN
 
     started_at = time.perf_counter()  # --time-limit bounds the whole command
     for path in args.data or []:
@@ -137,24 +138,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     _must_exist(args.resume, "--resume", "dir")
     if args.scheduler and args.backend != "dask":
         raise InputError("--scheduler", None, "a scheduler address needs --backend dask")
-    defaults = RunConfig()
-    # options given on the command line (a resume checks them against its run.json)
-    given = {
-        name: getattr(args, flag)
-        for name, flag in (
-            ("population", "population"),
-            ("seed", "seed"),
-            ("data", "data"),
-            ("experiments", "experiments"),
-            ("model_configs", "model_configs"),
-            ("gpu_datasheet", "gpu_datasheet"),
-            ("kernels", "kernels"),
-            ("efficiency_bounds", "efficiency_bounds"),
-            ("checkpoint_every", "checkpoint_every"),
-        )
-        if getattr(args, flag) is not None
-    }
-    seed = given.get("seed", defaults.seed)
+    # options given on the command line (a resume checks them against its run.json); dests are field names
+    given = {name: getattr(args, name) for name in FIXED_BY_THE_RUN if getattr(args, name) is not None}
+    seed = given.get("seed", RunConfig().seed)
     if args.run_dir:
         run_dir = Path(args.run_dir)
     elif args.resume:
