@@ -167,6 +167,27 @@ def test_a_crash_marks_the_run_failed_and_keeps_latest(done, work, capsys, monke
     assert Path("runs/LATEST").read_text() == latest
 
 
+def test_a_full_disk_is_one_line_and_the_archive_stays_whole(work, capsys, monkeypatch):
+    """ENOSPC from the checkpoint write after the first generation (as a full disk gives it)."""
+    import errno
+
+    saves = []
+
+    def full(self, path, owner=None):
+        saves.append(path)
+        if len(saves) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Search, "save_checkpoint", full)
+    rc, _, err = call(["run", *TINY[:1], "3", *TINY[2:], "--checkpoint-every", "1", "--run-dir", "runs/f"], capsys)
+    lines = err.strip().splitlines()
+    assert rc == 1 and len(lines) == 1 and lines[0].startswith("error: disk full"), err
+    assert status_of(work / "runs" / "f") == ["failed"]
+    con = sqlite3.connect(f"file:{work / 'runs' / 'f' / 'archive.sqlite'}?mode=ro", uri=True)
+    assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    con.close()
+
+
 def test_a_kill_during_run_json_replacement_leaves_old_or_new(tmp_path):
     """SIGKILL a writer of run.json at staggered moments: the file is always one whole version."""
     script = (
