@@ -23,7 +23,9 @@ MAX_STEP_TOKENS = 100_000_000  # tokens of one step (a batch of contexts)
 MAX_TP = 1024
 MAX_RATE_PER_S = 100_000.0
 MAX_DURATION_S = 7 * 24 * 3600.0  # a week of load
-MAX_REQUESTS = 10_000_000  # simulated requests of one experiment (rate x duration, summed)
+MAX_REQUESTS = 1_000_000  # simulated requests of one experiment (rate x duration, summed); real: <= 16,800
+# tokens one simulation streams (requests x output_len): its per-token log must fit in memory; real: <= 7e6
+MAX_SIMULATED_TOKENS = 100_000_000
 MAX_MODEL_DIM = 10_000_000  # hidden sizes, layer and head counts, vocabularies
 
 

@@ -172,3 +172,12 @@ def test_unbounded_load_stage(field, value, work, capsys):
     rc, _, err = call(run_args("good.csv", "--experiments", "exps"), capsys)
     assert_one_line_error(rc, err, "config.yaml", f"load.stages[0].{field}")
     assert_nothing_written(work)
+
+
+def test_a_load_whose_token_stream_cannot_fit_in_memory(work, capsys):
+    d = _experiment(work / "exps")
+    cfg = d / "results" / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("output_len: 20", "output_len: 9000000").replace("rate: 1.0", "rate: 100"))
+    rc, _, err = call(run_args("good.csv", "--experiments", "exps"), capsys)
+    assert_one_line_error(rc, err, "config.yaml", "output_len", "output tokens")
+    assert_nothing_written(work)

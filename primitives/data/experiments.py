@@ -341,6 +341,14 @@ def load_experiment(directory: str | Path) -> ExperimentSpec:
     if not isinstance(load_type, str):
         raise InputError(src_path, "load.type", f"expected a load type name, got {load_type!r}")
 
+    streamed = sum(int(rate * duration) for rate, duration in stages) * int(shape["output_len"])
+    if streamed > checks.MAX_SIMULATED_TOKENS:
+        raise InputError(
+            src_path,
+            "data.shared_prefix.output_len",
+            f"{streamed:.3g} output tokens to stream; expected at most {checks.MAX_SIMULATED_TOKENS:.0e}",
+        )
+
     results_dir = directory / "results"
     observed = load_observed(results_dir) if results_dir.is_dir() else None
 
