@@ -172,9 +172,9 @@ class Deployment:
 
 
 def _need(cfg: dict, key: str, path: object) -> int:
-    if key not in cfg or cfg[key] is None:
+    if cfg.get(key) is None:
         raise InputError(path, key, "a required field is missing (expected a positive integer)")
-    return int(checks.number(cfg[key], path, key, integer=True, upper=checks.MAX_MODEL_DIM))
+    return _optional(cfg, key, path, 0)
 
 
 def _optional(cfg: dict, key: str, path: object, default: int) -> int:
@@ -187,7 +187,9 @@ def _optional(cfg: dict, key: str, path: object, default: int) -> int:
 def model_from_config(cfg: dict, name: str, path: object = "<built-in>") -> ModelSpec:
     """Build a ModelSpec from a HuggingFace ``config.json`` mapping (every field checked)."""
     archs = cfg.get("architectures") or []
-    arch = archs[0] if isinstance(archs, list) and archs else None
+    if not isinstance(archs, list):
+        raise InputError(path, "architectures", f"expected a list such as ['LlamaForCausalLM'], got {archs!r}")
+    arch = archs[0] if archs else None
     if arch not in _KNOWN_ARCHITECTURES:
         raise InputError(
             path, "architectures", f"unknown architecture {arch!r}; expected one of {sorted(_KNOWN_ARCHITECTURES)}"
