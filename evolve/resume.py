@@ -1,8 +1,8 @@
 """Which run a ``python -m evolve run`` is: a new one in an unused directory, or ``--resume``
 of the run a directory holds, with that run's own configuration.
 
-A resumed run may change only how long it goes on and how it computes (``--generations``
-upwards, ``--time-limit``, ``--jobs``, ``--backend``, ``--scheduler``); any other option
+A resumed run may change only how long it goes on and how it computes (``--generations``,
+not below the checkpoint's, ``--time-limit``, ``--jobs``, ``--backend``, ``--scheduler``); any other option
 given must agree with ``run.json``, or the run is refused (it would otherwise mix two
 searches in one archive).
 """
@@ -54,6 +54,7 @@ def fresh_config(config: RunConfig) -> RunConfig:
 
 
 def _plain(value):
+    """What to compare: lists and tuples alike (run.json holds lists), numbers as floats."""
     return (
         [float(v) if isinstance(v, (int, float)) else v for v in value] if isinstance(value, (list, tuple)) else value
     )
