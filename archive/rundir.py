@@ -13,6 +13,7 @@ archive ...`` works without ``--run-dir``.
 
 from __future__ import annotations
 
+import fcntl
 import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -28,6 +29,7 @@ CHECKPOINT_FILENAME = "checkpoint.pkl"
 PLOTS_DIRNAME = "plots"
 RUNS_DIRNAME = "runs"
 LATEST_FILENAME = "LATEST"
+LOCK_FILENAME = ".lock"  # held (flock) by the one process working in the run directory
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,58 @@ class RunDir:
     @property
     def plots(self) -> Path:
         return self.root / PLOTS_DIRNAME
+
+
+def refuse_used_dir(root: Path) -> None:
+    """A run directory belongs to one run: a fresh run refuses one that holds anything (but its lock)."""
+    try:
+        used = sorted(p.name for p in Path(root).iterdir() if p.name != LOCK_FILENAME)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise InputError(root, "--run-dir", f"cannot list the directory ({exc.strerror or exc})") from None
+    if used:
+        raise InputError(
+            root,
+            "--run-dir",
+            f"not empty ({', '.join(used[:3])}{', ...' if len(used) > 3 else ''}); "
+            f"continue that run with --resume {root} or choose a new --run-dir",
+        )
+
+
+class RunLock:
+    """An exclusive lock on ``DIR/.lock`` while a process works in the run directory DIR.
+
+    flock: released by the kernel when the process dies, however it dies, so a killed run
+    never leaves a stale lock behind.
+    """
+
+    def __init__(self, root: Path):
+        self.path = Path(root) / LOCK_FILENAME
+        self.fd: int | None = None
+
+    def __enter__(self) -> "RunLock":
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise InputError(self.path.parent, "--run-dir", f"cannot lock ({exc.strerror or exc})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise InputError(
+                self.path.parent, "--run-dir", f"another run (pid {holder}) is working in this directory"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing releases the flock
+            self.fd = None
 
 
 def default_run_dir(seed: int, base: str | os.PathLike | None = None, now: datetime | None = None) -> Path:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
+from urllib.parse import quote
 
 from archive.entry import ArchiveEntry
 from primitives.errors import InputError
@@ -114,30 +115,37 @@ class ArchiveStore:
     ``InputError``). Use as a context manager or call ``close()``.
     """
 
-    def __init__(self, path: str | os.PathLike, create: bool = True):
+    def __init__(self, path: str | os.PathLike, create: bool = True, read_only: bool = False):
         self.path = Path(path)
+        self.read_only = read_only
         if not create and not self.path.is_file():
             raise InputError(
                 self.path, None, "no archive file here; run `python -m evolve run` first or pass --run-dir"
             )
         try:
-            if create:
+            if create and not read_only:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             # isolation_level=None: we open every transaction ourselves (BEGIN IMMEDIATE).
-            self._conn = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None)
+            # read_only: mode=ro, so that reading a file that is not an archive never turns it into one
+            target = f"file:{quote(str(self.path.resolve()))}?mode=ro" if read_only else str(self.path)
+            self._conn = sqlite3.connect(target, timeout=30.0, isolation_level=None, uri=read_only)
         except (OSError, sqlite3.Error) as exc:
             raise InputError(self.path, None, f"cannot open the archive ({exc})") from None
         try:
             self._conn.execute("PRAGMA busy_timeout = 30000")
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            # FULL: a committed generation survives even an OS crash, not just a killed process.
-            self._conn.execute("PRAGMA synchronous = FULL")
-            self._conn.execute("PRAGMA foreign_keys = ON")
             version = self._conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise InputError(
                     self.path, "schema", f"archive schema {version} is newer than this program's ({SCHEMA_VERSION})"
                 )
+            if read_only:
+                if version < SCHEMA_VERSION:
+                    raise InputError(self.path, None, "not an archive of this program (no archive schema)")
+                return
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            # FULL: a committed generation survives even an OS crash, not just a killed process.
+            self._conn.execute("PRAGMA synchronous = FULL")
+            self._conn.execute("PRAGMA foreign_keys = ON")
             if version < SCHEMA_VERSION:
                 with self._tx():
                     # one statement at a time: executescript() would COMMIT mid-transaction
@@ -148,9 +156,17 @@ class ArchiveStore:
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise InputError(self.path, None, f"not a readable archive ({exc})") from None
+        except InputError:
+            self._conn.close()
+            raise
 
     # -- plumbing -------------------------------------------------------------------
     def close(self) -> None:
+        if not self.read_only:
+            try:  # back to a rollback journal: a read-only reader of an idle archive then creates no -wal/-shm
+                self._conn.execute("PRAGMA journal_mode = DELETE")
+            except sqlite3.Error:
+                pass  # a reader holds it: it stays in WAL mode, readers find the files there
         self._conn.close()
 
     def __enter__(self) -> "ArchiveStore":

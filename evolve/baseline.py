@@ -41,7 +41,7 @@ def blackbox_baseline(experiments_dir, resolver: DeploymentResolver, seed: int =
     specs = scored_experiments(Path(experiments_dir))
     rows = build_replay_rows(Path(experiments_dir), resolver, list(BLACKBOX_TERMS), seed, jobs)
     terms = [sp.Symbol(t) for t in BLACKBOX_TERMS]
-    model_of = {s.name: resolver.resolve(s.model, s.tp).model.name for s in specs}
+    model_of = {s.name: resolver.resolve_experiment(s).model.name for s in specs}
     fitted: dict[str, dict] = {}
     for model in sorted(set(rows.models)):
         got = refit(terms, rows, lambda e, _label, model=model: rows.models[e] == model)

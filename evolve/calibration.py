@@ -40,6 +40,7 @@ from fitness.replay_rows import (
 from fitness.scoring import FitnessContext, score_program
 from fitness.sim.engine import simulate
 from fitness.sim.latency_model import FITTED_NON_STEP_NAMES
+from fitness.sim.loadgen import NoSuccessfulRequest, require_success
 from fitness.sim.models import AnchoredModel, ExpressionLatencyModel, reference_model
 from fitness.sim.replay import OVERHEAD_NAMES, metric_weights
 from primitives.compute import kernel_binding, primitive_columns
@@ -123,6 +124,7 @@ def record_trajectory(spec: ExperimentSpec, deployment, model, names: list[str],
     a = anchor(spec, deployment, model, seed, record=True)
     recorder = AnchoredModel(model, a.scale) if a.passes else model
     result = a.recording or simulate(spec, deployment, recorder, seed=seed, record=True)
+    require_success(spec, deployment, result.metrics.summary, "the recording model")
     traj = result.trajectory
     feats = traj.features()
     cols = primitive_columns(feats, deployment.constants, names, kernel_binding(names, [deployment]))
@@ -188,7 +190,7 @@ def experiments_fingerprint(directory: Path) -> str:
 
 def trajectories(specs, resolver: DeploymentResolver, models: list, names: list[str], seed: int, jobs: int):
     """Closed-loop runs of each experiment with its model, in parallel."""
-    deps = [resolver.resolve(s.model, s.tp) for s in specs]
+    deps = [resolver.resolve_experiment(s) for s in specs]
     if jobs > 1 and len(specs) > 1:
         return Parallel(n_jobs=jobs, backend="loky")(
             delayed(record_trajectory)(s, d, m, names, seed) for s, d, m in zip(specs, deps, models, strict=True)
@@ -201,7 +203,7 @@ def build_replay_rows(
 ) -> ReplayRows:
     """Initial rows: trajectories recorded with the reference physics model."""
     specs = scored_experiments(Path(experiments_dir))
-    models = [reference_model(resolver.resolve(s.model, s.tp)) for s in specs]
+    models = [reference_model(resolver.resolve_experiment(s)) for s in specs]
     return rows_from(trajectories(specs, resolver, models, names, seed, jobs))
 
 
@@ -210,7 +212,7 @@ def refresh_replay_rows(
 ) -> ReplayRows:
     """Rows re-recorded with an archived model (anything with expression and overheads) driving the closed loop."""
     specs = scored_experiments(Path(experiments_dir))
-    models = [ExpressionLatencyModel.from_entry(entry, resolver.resolve(s.model, s.tp)) for s in specs]
+    models = [ExpressionLatencyModel.from_entry(entry, resolver.resolve_experiment(s)) for s in specs]
     return rows_from(trajectories(specs, resolver, models, names, seed, jobs))
 
 
@@ -262,7 +264,11 @@ def calibrated_replay_rows(
             f"calibration {r + 1}/{config.calibration_rounds}: best seed's replay error {score.replay_error:.3f};"
             " re-recording with it"
         )
-        rows = refresh_replay_rows(exp_dir, resolver, model_entry(model), names, config.seed, config.jobs)
+        try:
+            rows = refresh_replay_rows(exp_dir, resolver, model_entry(model), names, config.seed, config.jobs)
+        except NoSuccessfulRequest as exc:
+            ui.log(f"calibration {r + 1}: keeping the previous trajectories: {exc}")
+            break
         _, score = best_seed(replace(ctx, replay=rows), names)
         if not score.replay_error < best[0]:
             # near saturation the fixed point can overshoot: keep the better trajectories
@@ -284,6 +290,12 @@ def refresh_trajectories(search, config: RunConfig, resolver: DeploymentResolver
         ui.log(f"generation {search.state.generation}: the best model recorded the trajectories already; kept")
         return
     ui.log(f"generation {search.state.generation}: refreshing trajectories with the current best model")
-    rows = refresh_replay_rows(Path(config.experiments), resolver, model_entry(model), names, config.seed, config.jobs)
+    try:
+        rows = refresh_replay_rows(
+            Path(config.experiments), resolver, model_entry(model), names, config.seed, config.jobs
+        )
+    except NoSuccessfulRequest as exc:  # the model's own failure: keep the trajectories of the last one
+        ui.log(f"refresh skipped, keeping the previous trajectories: {exc}")
+        return
     search.replace_context(replace(search.ctx, replay=rows))
     search.state.replay_model = model

@@ -11,43 +11,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from archive.entry import ArchiveEntry
-from evolve.config import BOUNDS_HELP, parse_bounds
+from evolve.cli_parser import PROG, build_parser
 from evolve.report import clean, entry_record, fmt_cell
 from primitives.errors import InputError, writable_dir
-from primitives.files import atomic_write_text
-
-PROG = "python -m evolve"
-
-
-# -- argument types (argparse turns ArgumentTypeError into usage + exit 2) -----------
-def _number_arg(kind: type, ok: Callable[[float], bool], expected: str, what: str = "a whole number"):
-    """An argparse type: parse ``kind``, then check ``ok`` (ArgumentTypeError -> usage, exit 2)."""
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
-        return value
-
-    return parse
-
-
-_positive_int = _number_arg(int, lambda v: v >= 1, "a number >= 1")
-_jobs = _number_arg(int, lambda v: v >= 1 or v == -1, "a number >= 1 (or -1 for every core)")
-_seed = _number_arg(int, lambda v: v >= 0, "a seed >= 0")
-_positive_float = _number_arg(
-    float, lambda v: math.isfinite(v) and v > 0, "a positive number of seconds", "a number of seconds"
-)
+from primitives.files import atomic_write_text, regular_target
 
 
 # -- helpers ------------------------------------------------------------------------
@@ -73,9 +46,7 @@ def _check_writable_file(path: str | None, option: str) -> None:
     """Fail before the (slow) work when an output file could not be written."""
     if path is None:
         return
-    p = Path(path)
-    if p.is_dir():
-        raise InputError(p, option, "is a directory; expected a file name")
+    p = regular_target(path, option)
     parent = p.parent if str(p.parent) else Path(".")
     if parent.exists() and not parent.is_dir():
         raise InputError(p, option, f"cannot write: {parent} is a file, not a directory")
@@ -105,7 +76,7 @@ def _open_store(run_dir: str | None):
     from archive.rundir import locate_archive
     from archive.store import ArchiveStore
 
-    return ArchiveStore(locate_archive(run_dir), create=False)
+    return ArchiveStore(locate_archive(run_dir), create=False, read_only=True)
 
 
 def _get_entry(run_dir: str | None, entry_id: str) -> ArchiveEntry:
@@ -131,13 +102,33 @@ def _resolver(args: argparse.Namespace):
 
 
 # -- commands -----------------------------------------------------------------------
-_INTERRUPT_HINT: list[str] = []
+_RUN_DIRS: list[Path] = []  # the run directory of a run command, for the interruption line
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _capped_jobs(jobs: int) -> int:
+    """--jobs above the CPUs this process may use is capped (each worker holds its own data)."""
+    cpus = _usable_cpus()
+    if jobs > cpus:
+        print(f"warning: --jobs {jobs} is more than the {cpus} usable CPUs; using {cpus}", file=sys.stderr)
+        return cpus
+    return jobs
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from archive.rundir import RunDir, default_run_dir, record_latest
-    from evolve.config import RunConfig
+    import time
 
+    from archive.rundir import default_run_dir
+    from evolve.config import RunConfig
+    from evolve.resume import FIXED_BY_THE_RUN
+
+    started_at = time.perf_counter()  # --time-limit bounds the whole command
     for path in args.data or []:
         _must_exist(path, "--data")
     _must_exist(args.experiments, "--experiments", "dir")
@@ -147,45 +138,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     _must_exist(args.resume, "--resume", "dir")
     if args.scheduler and args.backend != "dask":
         raise InputError("--scheduler", None, "a scheduler address needs --backend dask")
+    # options given on the command line (a resume checks them against its run.json); dests are field names
+    given = {name: getattr(args, name) for name in FIXED_BY_THE_RUN if getattr(args, name) is not None}
+    seed = given.get("seed", RunConfig().seed)
     if args.run_dir:
         run_dir = Path(args.run_dir)
     elif args.resume:
         run_dir = Path(args.resume)
     else:
-        run_dir = default_run_dir(args.seed)
+        run_dir = default_run_dir(seed)
     if run_dir.exists() and not run_dir.is_dir():
         raise InputError(run_dir, "--run-dir", "exists and is not a directory")
     config = RunConfig(
         generations=args.generations,
-        population=args.population,
         data=[str(p) for p in (args.data or [])],
-        experiments=args.experiments,
-        seed=args.seed,
-        jobs=args.jobs,
-        run_dir=str(run_dir),
+        jobs=_capped_jobs(args.jobs if args.jobs != -1 else _usable_cpus()),
+        run_dir=str(run_dir) if (args.run_dir or not args.resume) else None,
         time_limit_s=args.time_limit,
-        model_configs=args.model_configs,
-        gpu_datasheet=args.gpu_datasheet,
-        kernels=args.kernels,
-        efficiency_bounds=list(args.efficiency_bounds),
-        checkpoint_every=args.checkpoint_every,
         backend=args.backend,
         scheduler=args.scheduler,
         resume=args.resume,
+        **{k: (list(v) if isinstance(v, tuple) else v) for k, v in given.items() if k != "data"},
     )
+    from evolve.crash import kill_workers, sigterm_as_interrupt
     from evolve.run import run_search
     from evolve.ui import RunUI
 
-    _INTERRUPT_HINT.append(f"; finished generations are kept in {run_dir} (continue with --resume {run_dir})")
+    _RUN_DIRS.append(run_dir)
     ui = RunUI()
     try:
-        # run_search creates the run directory and points runs/LATEST at it once the data
-        # has loaded (so a run that fails on bad input does not hide the previous one)
-        run_search(config, ui)
+        with sigterm_as_interrupt():
+            run_search(config, ui, frozenset(given), started_at)
     finally:
         ui.close()
-        if RunDir(run_dir).archive.is_file():
-            record_latest(run_dir)  # idempotent: guarantees LATEST even if run_search did not
+        kill_workers()
     print(f"run directory: {run_dir}  (next: {PROG} archive best)")
     return 0
 
@@ -355,111 +341,15 @@ def cmd_export_go(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- parser -------------------------------------------------------------------------
-def _add_run_dir(
-    p: argparse.ArgumentParser, help: str = "run directory (default: the one named in ./runs/LATEST)"
-) -> None:
-    p.add_argument("--run-dir", metavar="DIR", help=help)
+def _interruption(exc: KeyboardInterrupt) -> str:
+    from archive.rundir import RunDir
+    from evolve.crash import TimeLimitReached
 
-
-def _add_resolver_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model-configs", metavar="DIR", help="folder of HF config.json folders (default: built-ins)")
-    p.add_argument("--gpu-datasheet", metavar="FILE", help="GPU datasheet JSON (default: built-in H100)")
-    p.add_argument("--kernels", metavar="DIR", help="the GPU's measured kernel tables (default: built-in H100)")
-
-
-def _entry_command(sub, name: str, help: str, handler) -> argparse.ArgumentParser:
-    """A command on one archived entry that writes results: ID, --run-dir, --json, resolver options."""
-    p = sub.add_parser(name, help=help)
-    p.add_argument("id", metavar="ID")
-    _add_run_dir(p)
-    p.add_argument("--json", metavar="FILE", help="also write the results to FILE")
-    _add_resolver_options(p)
-    p.set_defaults(handler=handler)
-    return p
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG, description="Evolve vLLM step-time models and export them to BLIS (Go)."
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("run", help="run a search", description="Run a GP search; results go to a run directory.")
-    p.add_argument("--generations", type=_positive_int, required=True, metavar="N", help="generations to evolve")
-    p.add_argument("--population", type=_positive_int, default=200, metavar="P", help="individuals per generation")
-    p.add_argument(
-        "--data",
-        nargs="+",
-        action="extend",
-        metavar="PATH",
-        help="step trace files or folders (default: embedded data)",
-    )
-    p.add_argument("--experiments", metavar="DIR", help="experiment folders for the replayed E2E objectives")
-    p.add_argument("--seed", type=_seed, default=0, metavar="S", help="random seed (same seed, same run)")
-    p.add_argument("--jobs", type=_jobs, default=1, metavar="J", help="parallel evaluation workers (-1: every core)")
-    _add_run_dir(p, help="where to write (default: runs/<UTC time>-seed<S>)")
-    p.add_argument("--time-limit", type=_positive_float, metavar="SEC", help="stop after this many seconds")
-    _add_resolver_options(p)
-    p.add_argument("--backend", choices=("loky", "dask"), default="loky")
-    p.add_argument("--scheduler", metavar="ADDRESS", help="dask scheduler address (with --backend dask)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
-    p.add_argument("--efficiency-bounds", type=parse_bounds, default=(0.5, 4.0), metavar="LO,HI", help=BOUNDS_HELP)
-    p.add_argument(
-        "--checkpoint-every", type=_positive_int, default=5, metavar="N", help="generations between checkpoints"
-    )
-    p.set_defaults(handler=cmd_run)
-
-    pa = sub.add_parser("archive", help="browse a run's archive", description="Browse the archive of a run.")
-    asub = pa.add_subparsers(dest="archive_command", required=True, metavar="ACTION")
-    q = asub.add_parser("list", help="the Pareto front of the latest generation")
-    _add_run_dir(q)
-    q.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    q.add_argument("--all", action="store_true", help="every archived entry, not only the latest front")
-    q.set_defaults(handler=cmd_archive_list)
-    q = asub.add_parser("show", help="one entry in detail")
-    q.add_argument("id", metavar="ID", help="entry id or a unique prefix of it")
-    _add_run_dir(q)
-    q.set_defaults(handler=cmd_archive_show)
-    q = asub.add_parser("best", help="the recommended model (see archive/select.py)")
-    _add_run_dir(q)
-    q.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    q.set_defaults(handler=cmd_archive_best)
-
-    p = _entry_command(sub, "score", "per-step error of an entry on step traces", cmd_score)
-    p.add_argument(
-        "--data", nargs="+", action="extend", required=True, metavar="PATH", help="step trace files or folders"
-    )
-
-    p = _entry_command(sub, "validate", "replay experiments end to end with an entry", cmd_validate)
-    p.add_argument("--experiments", required=True, metavar="DIR")
-    transfer = p.add_mutually_exclusive_group()
-    for flag, help in [
-        ("--lomo", "leave one model out: refit without each model, validate on it"),
-        ("--lowo", "leave one workload out: refit without each workload, validate on it"),
-        ("--stage-transfer", "refit on the low-rate load stages, validate the high-rate ones"),
-    ]:
-        transfer.add_argument(flag, dest="mode", action="store_const", const=flag[2:], help=help)
-    p.add_argument("--baseline", action="store_true", help="also fit and run the BLIS blackbox baseline (slow)")
-    p.add_argument("--report", metavar="DIR", help="write a self-contained HTML report there (implies --baseline)")
-
-    p = sub.add_parser("export-go", help="write step_time.go for BLIS")
-    p.add_argument("id", metavar="ID")
-    p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--package", default="latency", metavar="NAME", help="Go package name (default: latency)")
-    p.add_argument(
-        "--interface",
-        choices=("seed", "blis"),
-        default="seed",
-        help="seed: the five-method interface (default); blis: upstream BLIS's four methods",
-    )
-    p.add_argument("--model", metavar="NAME", help="bake constants for this model (with --tp)")
-    p.add_argument("--tp", type=_positive_int, metavar="N")
-    p.add_argument("--gpu", metavar="NAME", help="GPU for --model (default: the datasheet's / H100)")
-    _add_run_dir(p)
-    _add_resolver_options(p)
-    p.set_defaults(handler=cmd_export_go)
-    return parser
+    what = f"stopped: {exc}" if isinstance(exc, TimeLimitReached) else "interrupted"
+    kept = [d for d in _RUN_DIRS if RunDir(d).checkpoint.is_file()]
+    if kept:
+        return f"{what}; finished generations are kept in {kept[0]} (continue with --resume {kept[0]})"
+    return f"{what}; nothing was written" if _RUN_DIRS else what
 
 
 def _one_line(text: str) -> str:
@@ -467,12 +357,22 @@ def _one_line(text: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(
+        {
+            "run": cmd_run,
+            "archive_list": cmd_archive_list,
+            "archive_show": cmd_archive_show,
+            "archive_best": cmd_archive_best,
+            "score": cmd_score,
+            "validate": cmd_validate,
+            "export_go": cmd_export_go,
+        }
+    )
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a usage error (2), already printed by argparse
+    except SystemExit as exc:  # --help (0) or a usage error (2, one line), already printed
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    _INTERRUPT_HINT.clear()
+    _RUN_DIRS.clear()
     try:
         return int(args.handler(args) or 0)
     except InputError as exc:
@@ -481,11 +381,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModuleNotFoundError as exc:  # a missing piece of this build or an optional package: not a user error
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(_one_line("interrupted" + "".join(_INTERRUPT_HINT)), file=sys.stderr)
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM or the time limit
+        print(_one_line(_interruption(exc)), file=sys.stderr)
         return 130
     except BrokenPipeError:
         # the reader went away (e.g. `| head`); silence the flush at exit
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except Exception as exc:  # the last net: one line and a crash log, never a bare traceback
+        from evolve.crash import is_disk_full, write_crash_log
+
+        if is_disk_full(exc):
+            print(f"error: disk full ({_one_line(exc)}); the archive keeps its last whole generation", file=sys.stderr)
+            return 1
+        log = write_crash_log(exc, list(argv if argv is not None else sys.argv[1:]))
+        where = f"; traceback in {log}" if log else ""
+        print(f"error: unexpected {type(exc).__name__}: {_one_line(exc)[:300]}{where}", file=sys.stderr)
+        return 1

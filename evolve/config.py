@@ -26,6 +26,7 @@ class RunConfig:
     backend: str = "loky"  # or "dask"
     scheduler: str | None = None  # dask scheduler address
     resume: str | None = None
+    run_token: str | None = None  # the run's identity: run.json and its checkpoint carry it
     replay_weight: float = 1.0  # one replayed metric row against one experiment's step rows
     calibration_rounds: int = 1  # closed-loop refits of the reference trajectories before the search
     refresh_every: int = 0  # generations between trajectory refreshes; 0 = a third of the run

@@ -8,28 +8,32 @@ every generation, in order: trajectory refresh, progress, archiving, checkpointi
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from archive.rundir import RunDir, default_run_dir, record_latest
+from archive.rundir import RunDir, RunLock, record_latest, refuse_used_dir
 from archive.store import ArchiveStore
 from evolve.calibration import calibrated_replay_rows, experiments_fingerprint, refresh_every, refresh_trajectories
 from evolve.config import RunConfig
+from evolve.crash import TimeLimitReached, time_limit_alarm
 from evolve.evaluator import Evaluator
 from evolve.records import best_entries, record_front
+from evolve.resume import fresh_config, resumed_config
 from evolve.search import Search
 from evolve.validation import closed_loop_check
 from fitness.dataset import build_step_table
 from fitness.kv_sharing import trace_kv_sharing
 from fitness.physics_probes import PhysicsProbes
 from fitness.scoring import FitnessContext
+from fitness.sim.loadgen import check_servable
 from primitives.data.experiments import find_experiments
 from primitives.data.roots import default_data_dir
 from primitives.data.traces import load_steps
 from primitives.deployment import DeploymentResolver
 from primitives.errors import InputError, writable_dir
-from primitives.files import atomic_write_json, read_mapping
+from primitives.files import atomic_write_json
 from primitives.registry import supported_primitives
 
 
@@ -45,11 +49,17 @@ class Termination:
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.started_at
 
+    def remaining_s(self) -> float | None:
+        return None if self.time_limit_s is None else self.time_limit_s - self.elapsed_s()
+
+    def out_of_time(self) -> bool:
+        return self.time_limit_s is not None and self.elapsed_s() >= self.time_limit_s
+
     def reason(self, generation: int) -> str | None:
         """Why the run stops before the next generation ("finished", "time-limit"), or None to go on."""
         if generation >= self.generations:
             return "finished"
-        if self.time_limit_s is not None and self.elapsed_s() >= self.time_limit_s:
+        if self.out_of_time():
             return "time-limit"
         return None
 
@@ -57,13 +67,19 @@ class Termination:
 class TrajectoryRefresh:
     """Every few generations (never after the last), re-record the replay trajectories with the best model."""
 
-    def __init__(self, config: RunConfig, resolver: DeploymentResolver, names: list[str], ui):
+    def __init__(self, config: RunConfig, resolver: DeploymentResolver, names: list[str], ui, termination):
         self.config, self.resolver, self.names, self.ui = config, resolver, names, ui
+        self.termination = termination
 
     def on_generation(self, search: Search, step_s: float) -> None:
         generation = search.state.generation
-        if generation % refresh_every(self.config) == 0 and generation < self.config.generations:
-            refresh_trajectories(search, self.config, self.resolver, self.names, self.ui)
+        due = generation % refresh_every(self.config) == 0 and generation < self.config.generations
+        if due and not self.termination.out_of_time():
+            try:
+                with time_limit_alarm(self.termination.remaining_s(), "a trajectory refresh"):
+                    refresh_trajectories(search, self.config, self.resolver, self.names, self.ui)
+            except TimeLimitReached:  # the search keeps its current trajectories and stops next
+                self.ui.log("time limit reached during a trajectory refresh; keeping the previous trajectories")
 
 
 class Progress:
@@ -97,11 +113,11 @@ class Archiver:
 class Checkpointer:
     """Every ``every`` generations, the search state goes to the run's checkpoint (for ``--resume``)."""
 
-    def __init__(self, path: Path, every: int):
-        self.path, self.every = path, max(every, 1)
+    def __init__(self, path: Path, every: int, owner: dict):
+        self.path, self.every, self.owner = path, max(every, 1), owner
 
     def save(self, search: Search) -> None:
-        search.save_checkpoint(self.path)
+        search.save_checkpoint(self.path, self.owner)
 
     def on_generation(self, search: Search, step_s: float) -> None:
         if search.state.generation % self.every == 0:
@@ -120,24 +136,6 @@ def run_generations(search: Search, termination: Termination, callbacks: list) -
 
 
 # -- the run ------------------------------------------------------------------------------
-def _resume_config(config: RunConfig) -> RunConfig:
-    """A resumed run keeps its own configuration; only the stopping rules may change."""
-    root = Path(config.resume)
-    saved = RunDir(root).run_config
-    if not saved.is_file():
-        raise InputError(root, "--resume", f"not a run directory (no {saved.name})")
-    old = RunConfig.from_dict(read_mapping(saved, "json"))
-    old.resume = str(root)
-    old.run_dir = str(root)
-    old.jobs = config.jobs
-    old.backend = config.backend
-    old.scheduler = config.scheduler
-    if config.generations and config.generations > old.generations:
-        old.generations = config.generations
-    old.time_limit_s = config.time_limit_s
-    return old
-
-
 def prepare_context(config: RunConfig, resolver: DeploymentResolver):
     """Data -> primitive columns -> the fitness context (replay rows come separately)."""
     paths = config.data or [str(default_data_dir())]
@@ -148,7 +146,9 @@ def prepare_context(config: RunConfig, resolver: DeploymentResolver):
     deployments = list(table.deployments)
     if config.experiments:  # the replayed experiments' deployments are probed too
         for spec in find_experiments(Path(config.experiments)):
-            dep = resolver.resolve(spec.model, spec.tp)
+            dep = resolver.resolve_experiment(spec)
+            if spec.observed is not None:  # scored: fail now, not after the run directory is made
+                check_servable(spec, dep)
             if dep not in deployments:
                 deployments.append(dep)
     ctx = FitnessContext(
@@ -161,14 +161,23 @@ def prepare_context(config: RunConfig, resolver: DeploymentResolver):
     return ctx, names, data
 
 
-def run_search(config: RunConfig, ui) -> list:
-    if config.resume:
-        config = _resume_config(config)
-    else:  # run.json must work from any directory, for --resume
-        config.data = [str(Path(p).resolve()) for p in config.data]
-        for name in ("experiments", "model_configs", "gpu_datasheet", "kernels"):
-            if getattr(config, name):
-                setattr(config, name, str(Path(getattr(config, name)).resolve()))
+def run_search(config: RunConfig, ui, given: frozenset[str] = frozenset(), started_at: float | None = None) -> list:
+    """The whole run. GIVEN: RunConfig fields set on the command line (a resume checks them);
+    STARTED_AT: when the command started (``--time-limit`` bounds all of it).
+
+    Nothing is written before the inputs have loaded and the replay rows are recorded; a
+    refused run leaves the directory (run.json, checkpoint) and ``runs/LATEST`` as they
+    were, a crashed one is marked ``failed`` in the archive, and LATEST moves only to a
+    run that finished or was interrupted.
+    """
+    termination = Termination(config.generations, config.time_limit_s, started_at or time.perf_counter())
+    config = resumed_config(config, set(given)) if config.resume else fresh_config(config)
+    with time_limit_alarm(termination.remaining_s(), "set-up (loading the inputs, recording trajectories)"):
+        return _run(config, ui, termination)
+
+
+def _run(config: RunConfig, ui, termination: Termination) -> list:
+    root = Path(config.run_dir)
     resolver = DeploymentResolver.from_options(
         *(Path(v) if v else None for v in (config.model_configs, config.gpu_datasheet, config.kernels))
     )
@@ -176,72 +185,104 @@ def run_search(config: RunConfig, ui) -> list:
     fingerprint = ctx.steps.fingerprint
     if config.experiments:
         fingerprint = f"{fingerprint}+{experiments_fingerprint(Path(config.experiments))}"
-
-    root = writable_dir(Path(config.run_dir) if config.run_dir else default_run_dir(config.seed), "--run-dir")
+    owner = {"run_token": config.run_token, "fingerprint": fingerprint}
     run_dir = RunDir(root)
-    run_id = root.name
-    config.run_dir = str(root)
-    if not config.resume:
-        atomic_write_json(run_dir.run_config, config.to_dict(), indent=2, sort_keys=True)
-    meta = {"run_id": run_id, "fingerprint": fingerprint, "seed": config.seed, "config": config.to_dict()}
-
-    # the pool (or the Dask connection) first: a bad --scheduler leaves no half-started run
-    with (
-        Evaluator(ctx, config.jobs, config.backend, config.scheduler) as evaluator,
-        ArchiveStore(run_dir.archive) as store,
-    ):
-        store.start_run(run_id, config.to_dict(), config.seed, fingerprint)
-        record_latest(root)
-        termination = Termination(config.generations, config.time_limit_s)
-        resuming = bool(config.resume) and run_dir.checkpoint.is_file()
-        replay_model = None
-        if config.experiments:
-            saved = Search.peek_checkpoint(run_dir.checkpoint).replay_model if resuming else None
-            rows, replay_model = calibrated_replay_rows(config, resolver, ctx, names, saved, ui)
-            ctx = replace(ctx, replay=rows)
-            evaluator.reset(ctx)
-        search = Search(config, ctx, names, evaluator)
-        if resuming:
-            search.load_checkpoint(run_dir.checkpoint)
-            ui.log(f"resumed {root} at generation {search.state.generation}")
-        else:
-            search.initialise()
-            search.state.replay_model = replay_model
-            search.save_checkpoint(run_dir.checkpoint)
-        ui.start(config.generations, config.time_limit_s)
-        archiver = Archiver(store, meta, config.checkpoint_every)
-        checkpointer = Checkpointer(run_dir.checkpoint, config.checkpoint_every)
-        callbacks = [Progress(ui, search), archiver, checkpointer]
-        if config.experiments:
-            callbacks.insert(0, TrajectoryRefresh(config, resolver, names, ui))
-        try:
-            status = run_generations(search, termination, callbacks)
-        except KeyboardInterrupt:
-            # keep what the finished generations found; the checkpoint allows --resume
-            archiver.record(search)
-            checkpointer.save(search)
-            store.finish_run(run_id, {"generations": search.state.generation}, status="interrupted")
-            raise
-        entries = record_front(store, search, meta, final=True)
-        if config.experiments and config.closed_loop_checks > 0:
-            checked = closed_loop_check(
-                entries, config.closed_loop_checks, Path(config.experiments), resolver, config.seed, config.jobs, ui
+    saved = None
+    if config.resume:  # verified before any work: never a silent restart from generation 0
+        if not run_dir.checkpoint.is_file():
+            raise InputError(run_dir.checkpoint, "--resume", "no checkpoint to resume from; start a new run instead")
+        saved = Search.peek_checkpoint(run_dir.checkpoint, owner)
+        if config.generations < saved.generation:
+            raise InputError(
+                "--generations", None, f"the run in {root} is at generation {saved.generation}; give at least that"
             )
-            stats = {"evaluations": search.state.evaluations, "closed_loop_checked": [e.id for e in checked]}
-            store.record_generation(run_id, search.state.generation, entries, best_entries(search, meta), stats)
-        checkpointer.save(search)
-        summary = {
-            "generations": search.state.generation,
-            "evaluations": search.state.evaluations,
-            "unique_candidates": len(evaluator.memo),
-            "wall_time_s": round(termination.elapsed_s(), 2),
-            "front_size": len(entries),
-            "status": status,
-            "dataset_fingerprint": fingerprint,
-            "primitives": names,
-            "kv_sharing": ctx.steps.kv_sharing,
-            "run_dir": str(root),
-        }
-        store.finish_run(run_id, summary, status="finished" if status == "finished" else "interrupted")
+    replay_model = None
+    if config.experiments:
+        rows, replay_model = calibrated_replay_rows(
+            config, resolver, ctx, names, saved.replay_model if saved else None, ui
+        )
+        ctx = replace(ctx, replay=rows)
+    termination.generations = config.generations
+
+    signal.setitimer(signal.ITIMER_REAL, 0)  # set-up is over: from here Termination decides
+    root = writable_dir(root, "--run-dir")
+    run_id = root.name
+    meta = {"run_id": run_id, "fingerprint": fingerprint, "seed": config.seed, "config": config.to_dict()}
+    # the lock, then the pool (or the Dask connection): a bad --scheduler leaves no half-started run
+    with RunLock(root), Evaluator(ctx, config.jobs, config.backend, config.scheduler) as evaluator:
+        if not config.resume:
+            refuse_used_dir(root)  # again, under the lock: a run that started meanwhile owns it
+            atomic_write_json(run_dir.run_config, config.to_dict(), indent=2, sort_keys=True)
+        with ArchiveStore(run_dir.archive) as store:
+            store.start_run(run_id, config.to_dict(), config.seed, fingerprint)
+            try:
+                entries, summary = _search(
+                    config, ctx, names, resolver, replay_model, evaluator, store, meta, termination, owner, ui
+                )
+            except (KeyboardInterrupt, SystemExit):
+                if next(r.status for r in store.runs() if r.run_id == run_id) == "running":  # before the loop
+                    store.finish_run(run_id, {"generations": 0}, status="interrupted")
+                record_latest(root)  # the finished generations are kept, and resumable
+                raise
+            except BaseException as exc:
+                store.finish_run(run_id, {"error": f"{type(exc).__name__}: {exc}"[:500]}, status="failed")
+                raise
+            summary.update(dataset_fingerprint=fingerprint, kv_sharing=ctx.steps.kv_sharing, run_dir=str(root))
+            store.finish_run(run_id, summary, status="finished" if summary["status"] == "finished" else "interrupted")
+            record_latest(root)
     ui.finish(entries, summary)
     return entries
+
+
+def _search(
+    config, ctx, names, resolver, replay_model, evaluator, store, meta, termination, owner, ui
+) -> tuple[list, dict]:
+    """Initialise or load the search, run its generations, archive the front; (entries, summary)."""
+    run_dir, run_id = RunDir(Path(config.run_dir)), meta["run_id"]
+    search = Search(config, ctx, names, evaluator)
+    if config.resume:
+        search.load_checkpoint(run_dir.checkpoint, owner)
+        ui.log(f"resumed {run_dir.root} at generation {search.state.generation}")
+    else:
+        search.initialise()
+        search.state.replay_model = replay_model
+        search.save_checkpoint(run_dir.checkpoint, owner)
+    ui.start(config.generations, config.time_limit_s)
+    archiver = Archiver(store, meta, config.checkpoint_every)
+    checkpointer = Checkpointer(run_dir.checkpoint, config.checkpoint_every, owner)
+    callbacks = [Progress(ui, search), archiver, checkpointer]
+    if config.experiments:
+        callbacks.insert(0, TrajectoryRefresh(config, resolver, names, ui, termination))
+    try:
+        status = run_generations(search, termination, callbacks)
+    except (KeyboardInterrupt, SystemExit):
+        # keep what the finished generations found; the checkpoint allows --resume
+        archiver.record(search)
+        checkpointer.save(search)
+        store.finish_run(run_id, {"generations": search.state.generation}, status="interrupted")
+        raise
+    entries = record_front(store, search, meta, final=True)
+    if config.experiments and config.closed_loop_checks > 0 and not termination.out_of_time():
+        try:
+            with time_limit_alarm(termination.remaining_s(), "the final closed-loop check"):
+                checked = closed_loop_check(
+                    entries, config.closed_loop_checks, Path(config.experiments), resolver, config.seed, config.jobs, ui
+                )
+        except TimeLimitReached:  # the front stays as the search scored it
+            ui.log("time limit reached during the final closed-loop check; the front keeps the search's scores")
+        else:
+            stats = {"evaluations": search.state.evaluations, "closed_loop_checked": [e.id for e in checked]}
+            store.record_generation(run_id, search.state.generation, entries, best_entries(search, meta), stats)
+    elif config.experiments and config.closed_loop_checks > 0:
+        ui.log("time limit reached: the closed-loop check of the front is skipped")
+    checkpointer.save(search)
+    summary = {
+        "generations": search.state.generation,
+        "evaluations": search.state.evaluations,
+        "unique_candidates": len(evaluator.memo),
+        "wall_time_s": round(termination.elapsed_s(), 2),
+        "front_size": len(entries),
+        "status": status,
+        "primitives": names,
+    }
+    return entries, summary

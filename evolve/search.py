@@ -10,6 +10,7 @@ objective. The same seed and data give the same archive.
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 import random
 from dataclasses import dataclass, field
@@ -21,11 +22,14 @@ from evolve.config import RunConfig
 from evolve.evaluator import Evaluator
 from evolve.toolbox import build_pset, individual_class, make_toolbox, program_to_tree, seed_trees, tree_to_program
 from fitness.scoring import FitnessContext, Score
+from primitives.errors import InputError
 from primitives.files import atomic_write_bytes
 from primitives.language import Program, canonical
 
-
 # --- search state ----------------------------------------------------------------
+CHECKSUM_TAG = b"\nstepsynth-sha256:"  # after the pickle, which pickle.load stops before
+
+
 @dataclass
 class SearchState:
     generation: int = 0
@@ -184,23 +188,50 @@ class Search:
         items = self.hall_items()
         return min((s.objectives.get("step_mape", s.train_error) for _, s in items), default=float("nan"))
 
-    def save_checkpoint(self, path: Path) -> None:
-        """Atomic: a killed run leaves the previous checkpoint whole."""
+    def save_checkpoint(self, path: Path, owner: dict | None = None) -> None:
+        """Atomic: a killed run leaves the previous checkpoint whole. OWNER (run token, data
+        fingerprint) says which run it belongs to; a SHA-256 trailer proves it whole."""
         payload = {
             "config": self.config.to_dict(),
             "state": self.state,
             "names": self.names,
+            "owner": dict(owner or {}),
         }
-        atomic_write_bytes(path, pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
+        data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+        atomic_write_bytes(path, data + CHECKSUM_TAG + hashlib.sha256(data).hexdigest().encode())
 
     @staticmethod
-    def peek_checkpoint(path: Path) -> SearchState:
-        with open(path, "rb") as fh:
-            return pickle.load(fh)["state"]
+    def read_checkpoint(path: Path, owner: dict | None = None) -> dict:
+        """The checkpoint's payload, verified: whole (its SHA-256), and of the run OWNER describes."""
+        try:
+            raw = Path(path).read_bytes()
+        except OSError as exc:
+            raise InputError(path, None, f"cannot read the checkpoint ({exc.strerror or exc})") from None
+        data, tag, digest = raw.rpartition(CHECKSUM_TAG)
+        if not tag:
+            raise InputError(
+                path, None, "the checkpoint is damaged or from an older version (no checksum); cannot resume from it"
+            )
+        if hashlib.sha256(data).hexdigest().encode() != digest:
+            raise InputError(path, None, "the checkpoint is damaged (checksum mismatch); cannot resume from it")
+        try:
+            payload = pickle.loads(data)
+        except Exception as exc:  # a checksummed pickle from another program version
+            raise InputError(path, None, f"unreadable checkpoint ({type(exc).__name__}); cannot resume") from None
+        if not isinstance(payload, dict) or not isinstance(payload.get("state"), SearchState):
+            raise InputError(path, None, "not a checkpoint of this program; cannot resume from it")
+        for key, want in (owner or {}).items():
+            got = payload.get("owner", {}).get(key)
+            if got != want:
+                raise InputError(path, key, f"the checkpoint belongs to another run ({got!r}, this run: {want!r})")
+        return payload
 
-    def load_checkpoint(self, path: Path) -> None:
-        with open(path, "rb") as fh:
-            payload = pickle.load(fh)
+    @staticmethod
+    def peek_checkpoint(path: Path, owner: dict | None = None) -> SearchState:
+        return Search.read_checkpoint(path, owner)["state"]
+
+    def load_checkpoint(self, path: Path, owner: dict | None = None) -> None:
+        payload = self.read_checkpoint(path, owner)
         self.state = payload["state"]
         # scores are deterministic: rescore the population and hall to refill the memo
         self.evaluator.score(list(self.state.population) + [p for p, _ in self.state.hall.values()])

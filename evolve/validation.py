@@ -149,7 +149,7 @@ def stage_fold(scored: list[ExperimentSpec]) -> Fold:
 def transfer_folds(mode: str, scored: list[ExperimentSpec], resolver: DeploymentResolver) -> tuple[str, list[Fold]]:
     """(what a fold holds out, the folds) of a transfer check."""
     if mode == "lomo":
-        return "model", group_folds(scored, lambda s: resolver.resolve(s.model, s.tp).model.name)
+        return "model", group_folds(scored, lambda s: resolver.resolve_experiment(s).model.name)
     if mode == "lowo":
         return "workload", group_folds(scored, lambda s: s.workload)
     fold = stage_fold(scored)

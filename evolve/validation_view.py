@@ -172,6 +172,9 @@ def print_validation(console, result: dict, title: str) -> None:
     if result.get("ranking"):
         console.print(ranking_table(result["ranking"]))
     console.print(summary_table(result.get("summary", {})))
+    for item in result.get("experiments", []):
+        if item.get("no_success"):
+            console.print(f"{item['name']}: no request succeeded: {item['no_success']}", markup=False, soft_wrap=True)
     for key, groups in result.get("summary", {}).items():  # per held-out model or workload
         if isinstance(groups, dict):
             console.print(rows_table([{"name": g, **v} for g, v in groups.items()], title=f"per held-out {key[:-1]}"))
@@ -222,7 +225,8 @@ def predicted_vs_observed_figure(items: list[dict], title: str, stats: tuple[str
             ax.set_xlabel(f"observed {stat} {m.upper()} (s)")
             ax.set_ylabel(f"predicted {stat} {m.upper()} (s)")
             ax.set_title(f"{m.upper()} {stat}")
-    axes[0][0].legend(fontsize=7, loc="upper left")
+    if axes[0][0].get_legend_handles_labels()[0]:  # no panel when no experiment had a successful request
+        axes[0][0].legend(fontsize=7, loc="upper left")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
@@ -233,9 +237,14 @@ def plot_predicted_vs_observed(items: list[dict], path: Path, title: str) -> Pat
     fig = predicted_vs_observed_figure(items, title)
     if fig is None:
         return None
+    from io import BytesIO
+
     import matplotlib.pyplot as plt
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    from primitives.files import atomic_write_bytes
+
+    buf = BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write_bytes(path, buf.getvalue())

@@ -109,13 +109,9 @@ def build_step_table(
     exp_dep: list[int] = []
     for e in exp_names:
         first = steps.loc[steps["experiment"] == e].iloc[0]
-        try:
-            dep = resolver.resolve(first["model"], int(first["tp"]), first["gpu"] or None)
-        except InputError as exc:
-            if exc.field != "model":  # a bad config.json or datasheet names its own file
-                raise
-            # an unknown model: name the trace that asked for it
-            raise InputError(", ".join(data.sources), "model", f"experiment {e!r}: {exc.expected}") from None
+        dep = resolver.resolve_in(
+            ", ".join(data.sources), f"experiment {e!r}", first["model"], int(first["tp"]), first["gpu"] or None
+        )
         if dep not in deployments:
             deployments.append(dep)
         exp_dep.append(deployments.index(dep))

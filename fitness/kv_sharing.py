@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fitness.sim.engine import simulate
+from fitness.sim.loadgen import check_servable
 from fitness.sim.models import reference_model
 from fitness.sim.recording import kv_sharing_factor
 from primitives.data.experiments import find_experiments
@@ -34,7 +35,8 @@ def trace_kv_sharing(
         spec = specs.get(name)
         if spec is None:
             continue
-        dep = resolver.resolve(spec.model, spec.tp)
+        dep = resolver.resolve_experiment(spec)
+        check_servable(spec, dep)  # a simulation without a served request has no sharing to measure
         result = simulate(spec, dep, reference_model(dep), seed=seed, record=True)
         out[name] = round(kv_sharing_factor(result.trajectory), 4)
     return out

@@ -31,6 +31,7 @@ from joblib import Parallel, delayed
 from fitness.replay_rows import REPLAY_METRICS, ReplayRows
 from fitness.scoring import DEFAULT_EFFICIENCY_BOUNDS, FitnessContext, error_stats, fit_terms, term_physics
 from fitness.sim.engine import simulate
+from fitness.sim.loadgen import no_success_reason
 from fitness.sim.models import ExpressionLatencyModel
 from primitives.data.experiments import LATENCY_FILE_KEYS, ExperimentSpec
 from primitives.deployment import DeploymentResolver
@@ -64,6 +65,8 @@ def compare(pred, obs) -> dict:
             out[f"{m}_{stat}_pred_s"] = p
             out[f"{m}_{stat}_obs_s"] = o
             out[f"{m}_{stat}_error"] = (p / o - 1.0) if (p is not None and o) else None
+            if o and pred is not None and pred.successes == 0:
+                out[f"{m}_{stat}_error"] = float("inf")  # served nothing of what was served: the worst score
         if m in REPLAY_METRICS:
             out[f"{m}_error"] = out[f"{m}_mean_error"]  # the mean's error, under its first name
     curves = lambda metrics, m: dict(metrics.distributions.get(m, {})) if metrics is not None else {}  # noqa: E731
@@ -90,6 +93,9 @@ def closed_loop_item(
     item: dict = {"name": spec.name, "model": deployment.model.name, "workload": spec.workload}
     item.update(compare(pred.summary, obs.summary if obs is not None else None))
     item["preemptions_pred"] = int(result.total_preemptions)
+    if pred.summary.successes == 0:  # a finding, not a crash: say which limit made it so
+        reason = no_success_reason(spec, deployment)
+        item["no_success"] = reason[1] if reason else f"every request timed out ({spec.request_timeout_s:g} s)"
     item["stages"] = [
         {
             "stage": i,
@@ -124,7 +130,7 @@ def closed_loop_runs(
     tails: bool = True,
 ) -> list[dict]:
     """:func:`closed_loop_item` of every (experiment, expression, overheads), in parallel."""
-    runs = [(s, resolver.resolve(s.model, s.tp), e, o) for s, e, o in runs]
+    runs = [(s, resolver.resolve_experiment(s), e, o) for s, e, o in runs]
     jobs = jobs or default_jobs()
     if jobs > 1 and len(runs) > 1:
         return Parallel(n_jobs=jobs, backend="loky")(delayed(closed_loop_item)(*run, seed, tails) for run in runs)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
+from . import checks
 from .builtin import BUILTIN_GPUS, BUILTIN_MODEL_CONFIGS, DEFAULT_GPU
 from .errors import InputError
 from .files import read_mapping
@@ -170,72 +171,88 @@ class Deployment:
 # Parsing
 
 
-def _need(cfg: dict, key: str, path: object, kind: type = int):
-    if key not in cfg or cfg[key] is None:
-        raise InputError(
-            path, key, f"a required field is missing (expected a positive {'integer' if kind is int else 'number'})"
-        )
-    value = cfg[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(path, key, f"expected a number, got {value!r}")
-    if value <= 0:
-        raise InputError(path, key, f"expected a positive number, got {value!r}")
-    return kind(value)
+def _need(cfg: dict, key: str, path: object) -> int:
+    if cfg.get(key) is None:
+        raise InputError(path, key, "a required field is missing (expected a positive integer)")
+    return _optional(cfg, key, path, 0)
+
+
+def _optional(cfg: dict, key: str, path: object, default: int) -> int:
+    """An optional positive integer field: absent or null gives DEFAULT, never 0 or a negative."""
+    if cfg.get(key) is None:
+        return default
+    return int(checks.number(cfg[key], path, key, integer=True, upper=checks.MAX_MODEL_DIM))
 
 
 def model_from_config(cfg: dict, name: str, path: object = "<built-in>") -> ModelSpec:
-    """Build a ModelSpec from a HuggingFace ``config.json`` mapping."""
+    """Build a ModelSpec from a HuggingFace ``config.json`` mapping (every field checked)."""
     archs = cfg.get("architectures") or []
+    if not isinstance(archs, list):
+        raise InputError(path, "architectures", f"expected a list such as ['LlamaForCausalLM'], got {archs!r}")
     arch = archs[0] if archs else None
     if arch not in _KNOWN_ARCHITECTURES:
         raise InputError(
             path, "architectures", f"unknown architecture {arch!r}; expected one of {sorted(_KNOWN_ARCHITECTURES)}"
         )
-    for key in _REQUIRED_MODEL_FIELDS:
-        _need(cfg, key, path)
-    n_heads = int(cfg["num_attention_heads"])
-    n_kv = int(cfg.get("num_key_value_heads") or n_heads)  # absent means plain multi-head attention
-    head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // n_heads)
-    n_experts = int(cfg.get("num_local_experts") or 1)
-    experts_per_tok = int(cfg.get("num_experts_per_tok") or 1) if n_experts > 1 else 1
-    dtype = str(cfg.get("torch_dtype") or "bfloat16")
-    if dtype not in _DTYPE_BYTES:
+    size = {key: _need(cfg, key, path) for key in _REQUIRED_MODEL_FIELDS}
+    n_heads = size["num_attention_heads"]
+    n_kv = _optional(cfg, "num_key_value_heads", path, n_heads)  # absent: plain multi-head attention
+    if n_heads % n_kv:
+        raise InputError(
+            path, "num_key_value_heads", f"{n_kv} does not divide num_attention_heads {n_heads}; expected a divisor"
+        )
+    if cfg.get("head_dim") is None and size["hidden_size"] % n_heads:
+        raise InputError(
+            path, "hidden_size", f"{size['hidden_size']} is not a multiple of num_attention_heads {n_heads}"
+        )
+    head_dim = _optional(cfg, "head_dim", path, size["hidden_size"] // n_heads)
+    n_experts = _optional(cfg, "num_local_experts", path, 1)
+    experts_per_tok = _optional(cfg, "num_experts_per_tok", path, 1) if n_experts > 1 else 1
+    if experts_per_tok > n_experts:
+        raise InputError(path, "num_experts_per_tok", f"{experts_per_tok} exceeds num_local_experts {n_experts}")
+    dtype = cfg.get("torch_dtype")
+    dtype = "bfloat16" if dtype is None else dtype
+    if not isinstance(dtype, str) or dtype not in _DTYPE_BYTES:
         raise InputError(path, "torch_dtype", f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPE_BYTES)}")
+    tie = cfg.get("tie_word_embeddings")
     return ModelSpec(
         name=name,
         architecture=arch,
-        hidden_size=int(cfg["hidden_size"]),
-        intermediate_size=int(cfg["intermediate_size"]),
-        n_layers=int(cfg["num_hidden_layers"]),
+        hidden_size=size["hidden_size"],
+        intermediate_size=size["intermediate_size"],
+        n_layers=size["num_hidden_layers"],
         n_heads=n_heads,
         n_kv_heads=n_kv,
         head_dim=head_dim,
-        vocab_size=int(cfg["vocab_size"]),
+        vocab_size=size["vocab_size"],
         n_experts=n_experts,
         experts_per_tok=experts_per_tok,
         dtype_bytes=_DTYPE_BYTES[dtype],
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        tie_word_embeddings=False if tie is None else checks.boolean(tie, path, "tie_word_embeddings"),
     )
 
 
+# Datasheet figures beyond these are typos, not GPUs (an H100: 1979 TFLOP/s, 3.35 TB/s, 80 GB)
+_DATASHEET_UPPER = {"tensor_core": 1e6, "bandwidth_tb_s": 1e3, "nvlink_bandwidth_gb_s": 1e6, "capacity_gb": 1e5}
+
+
 def gpu_from_datasheet(sheet: dict, path: object = "<built-in>") -> GpuSpec:
-    """Build a GpuSpec from a datasheet JSON like ``hardware/h100-sxm.json``."""
+    """Build a GpuSpec from a datasheet JSON like ``hardware/h100-sxm.json`` (finite, positive figures)."""
 
     def get(section: str, key: str) -> float:
         block = sheet.get(section)
         if not isinstance(block, dict) or block.get(key) is None:
             raise InputError(path, f"{section}.{key}", "a required datasheet field is missing")
-        value = block[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise InputError(path, f"{section}.{key}", f"expected a positive number, got {value!r}")
-        return float(value)
+        upper = next(v for k, v in _DATASHEET_UPPER.items() if key.endswith(k))
+        return float(checks.number(block[key], path, f"{section}.{key}", upper=upper))
 
     compute = sheet.get("compute") if isinstance(sheet.get("compute"), dict) else {}
     key = "bf16_tensor_core" if "bf16_tensor_core" in compute else "fp16_tensor_core"
     tflops = get("compute", key)
-    if compute.get("with_sparsity", False):
+    if checks.boolean(compute.get("with_sparsity", False), path, "compute.with_sparsity"):
         tflops /= 2.0  # datasheets list the 2:4-sparsity figure; dense is half
-    name = str(sheet.get("name") or Path(str(path)).stem)
+    raw_name = sheet.get("name")
+    name = Path(str(path)).stem if raw_name is None else checks.text(raw_name, path, "name", "a GPU name")
     return GpuSpec(
         name=name,
         dense_flops_per_s=tflops * 1e12,
@@ -294,6 +311,8 @@ class ModelCatalog:
 
     def add(self, name: str, cfg: dict, source: str) -> None:
         key = canonical_model_key(name)
+        if key in self.configs:  # two folders for one model: neither may silently win
+            raise InputError(source, "model", f"names the same model as {self.configs[key][1]}; keep one of them")
         self.configs[key] = (cfg, source)
         self.names[key] = name.split("/")[-1]
 
@@ -343,7 +362,25 @@ class DeploymentResolver:
         raise InputError(name, "gpu", f"no datasheet for GPU {name!r}; known: {sorted(self.gpus)}")
 
     def resolve(self, model: str, tp: int, gpu: str | None = None) -> Deployment:
-        return _cached_deployment(self.catalog.model(model), self.gpu(gpu), int(tp))
+        """The deployment; field ``model`` or ``tp`` errors leave the caller to name its file."""
+        spec = self.catalog.model(model)
+        checks.tp_fits_heads(spec.name, spec.n_heads, spec.n_kv_heads, int(tp))
+        return _cached_deployment(spec, self.gpu(gpu), int(tp))
+
+    def resolve_in(self, source: object, what: str, model: str, tp: int, gpu: str | None = None) -> Deployment:
+        """``resolve`` for the deployment SOURCE (a trace, an exp-config.yaml) asks for: an unknown
+        model or a TP that does not fit it names SOURCE and WHAT (its experiment)."""
+        try:
+            return self.resolve(model, tp, gpu)
+        except InputError as exc:
+            if exc.field not in ("model", "tp"):  # a bad config.json or datasheet names its own file
+                raise
+            raise InputError(source, exc.field, f"{what}: {exc.expected}") from None
+
+    def resolve_experiment(self, spec) -> Deployment:
+        """The deployment of an ``ExperimentSpec``; errors name its ``exp-config.yaml``."""
+        source = Path(spec.path) / "exp-config.yaml" if spec.path else spec.name
+        return self.resolve_in(source, f"experiment {spec.name!r}", spec.model, spec.tp)
 
 
 @lru_cache(maxsize=None)

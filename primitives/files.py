@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -28,9 +29,39 @@ def _new_file_mode(path: Path) -> int:
         return 0o666 & ~umask
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write DATA to PATH atomically: temp file beside it, fsync, then rename over it."""
+def regular_target(path: str | os.PathLike, option: str | None = None) -> Path:
+    """PATH if a file may be written there: absent, or a regular file. A device, FIFO, socket,
+    directory or symlink is refused (a rename would replace it with a file), in one line."""
     path = Path(path)
+    try:
+        mode = path.lstat().st_mode
+    except (FileNotFoundError, NotADirectoryError):  # a new file (a bad parent fails when written)
+        return path
+    except OSError as exc:
+        raise InputError(path, option, f"cannot write ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(mode):
+        kind = next(
+            (name for test, name in _NON_REGULAR if test(mode)),
+            "not a regular file",
+        )
+        raise InputError(path, option, f"is {kind}; expected a regular file to write (or a new name)")
+    return path
+
+
+_NON_REGULAR = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write DATA to PATH atomically: temp file beside it, fsync, then rename over it.
+    Only to a regular path (``regular_target``)."""
+    path = regular_target(path)
     mode = _new_file_mode(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -54,15 +85,25 @@ def atomic_write_json(path: str | os.PathLike, payload, **dumps_kwargs) -> Path:
     return atomic_write_text(path, json.dumps(payload, **dumps_kwargs) + "\n")
 
 
+def require_regular_input(path: Path) -> None:
+    """An existing input must be a regular file: reading a FIFO or a device would block or never end."""
+    if path.exists() and not path.is_file():
+        kind = "a directory" if path.is_dir() else "not a regular file (a device, FIFO or socket)"
+        raise InputError(path, None, f"is {kind}; expected a file")
+
+
 def read_text(path: str | os.PathLike) -> str:
     """The file's text; a missing, unreadable or empty file is a one-line InputError."""
     path = Path(path)
+    require_regular_input(path)
     try:
         text = path.read_text()
     except FileNotFoundError:
         raise InputError(path, None, "file not found") from None
     except OSError as exc:
         raise InputError(path, None, f"cannot read file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(path, None, f"not a text file (byte {exc.start} is not UTF-8)") from None
     if not text.strip():
         raise InputError(path, None, "the file is empty")
     return text

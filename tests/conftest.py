@@ -46,3 +46,11 @@ def small_trace(n: int = 400, experiment: str = "tiny", model: str = "llama-2-7b
             "kv.blocks_free_gpu": 7000 - decode * 40,
         }
     )
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    """A working directory holding good.csv, a small step trace; runs/ and runs/LATEST land here."""
+    monkeypatch.chdir(tmp_path)
+    small_trace(40).to_csv(tmp_path / "good.csv", index=False)
+    return tmp_path

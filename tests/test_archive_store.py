@@ -65,15 +65,20 @@ def test_round_trip(store: ArchiveStore):
 def test_reopen_reads_same_data(tmp_path: Path):
     path = tmp_path / "archive.sqlite"
     a = make_entry("decode_tokens", 1, 0.5)
+    import sqlite3
+
     with ArchiveStore(path) as s:
         s.start_run("r1", CONFIG, 0, "fp")
         s.record_generation("r1", 0, [a], [a], {})
-    with ArchiveStore(path, create=False) as s:
+        assert s._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # while a run writes
+    before = path.read_bytes()
+    with ArchiveStore(path, create=False, read_only=True) as s:
         assert [e.id for e in s.front()] == [a.id]
-    import sqlite3
-
+    # closed, the archive is back in rollback mode: a read-only reader leaves no -wal/-shm, changes nothing
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["archive.sqlite"]
+    assert path.read_bytes() == before
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
     conn.close()
 
 

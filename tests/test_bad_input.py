@@ -50,13 +50,6 @@ def assert_one_line_error(rc: int, err: str, *needles: str) -> None:
         assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
 
 
-@pytest.fixture
-def work(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # runs/ and runs/LATEST land here
-    good_trace().to_csv(tmp_path / "good.csv", index=False)
-    return tmp_path
-
-
 def run_args(data, *extra):
     return ["run", "--generations", "1", "--population", "8", "--data", data, "--run-dir", "runs/x", *extra]
 

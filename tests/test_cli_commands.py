@@ -63,7 +63,7 @@ def one_error_line(capsys) -> str:
 def test_run_builds_config_and_calls_search(project: Path, monkeypatch, capsys):
     seen: dict = {}
 
-    def run_search(config: RunConfig, ui):
+    def run_search(config: RunConfig, ui, *_):
         seen["config"] = config
         root = Path(config.run_dir)
         with ArchiveStore(RunDir(root).archive) as store:
@@ -103,14 +103,12 @@ def test_run_builds_config_and_calls_search(project: Path, monkeypatch, capsys):
     assert config.backend == "loky" and config.resume is None
     run_dir = Path(config.run_dir)
     assert run_dir.parent == project / "runs" and run_dir.name.endswith("-seed7")
-    # LATEST now names the new run
-    assert (project / "runs" / "LATEST").read_text().strip() == str(Path("runs") / run_dir.name)
     out = capsys.readouterr().out
     assert "gen 1/3" in out and ENTRY.id in out and "run directory:" in out
 
 
 def test_run_bad_inputs_are_one_line(project: Path, monkeypatch, capsys):
-    fake_module(monkeypatch, "evolve.run", run_search=lambda c, ui: pytest.fail("must not run"))
+    fake_module(monkeypatch, "evolve.run", run_search=lambda c, ui, *_: pytest.fail("must not run"))
     assert main(["run", "--generations", "2", "--data", "missing.parquet"]) == 2
     assert "missing.parquet: --data: no such file" in one_error_line(capsys)
     assert main(["run", "--generations", "2", "--scheduler", "tcp://x:8786"]) == 2
@@ -118,7 +116,7 @@ def test_run_bad_inputs_are_one_line(project: Path, monkeypatch, capsys):
     assert main(["run", "--generations", "2", "--resume", "nowhere"]) == 2
     assert "--resume" in one_error_line(capsys)
 
-    def bad_input(config, ui):
+    def bad_input(config, ui, *_):
         raise InputError("traces.parquet", "step.id", "expected integers")
 
     fake_module(monkeypatch, "evolve.run", run_search=bad_input)
@@ -129,13 +127,23 @@ def test_run_bad_inputs_are_one_line(project: Path, monkeypatch, capsys):
 
 
 def test_run_interrupted_is_one_line_130(project: Path, monkeypatch, capsys):
-    def interrupted(config, ui):
+    def interrupted(config, ui, *_):
         raise KeyboardInterrupt
 
     fake_module(monkeypatch, "evolve.run", run_search=interrupted)
     assert main(["run", "--generations", "2", "--run-dir", "somewhere"]) == 130
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and err.startswith("interrupted") and "--resume" in err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("interrupted") and "nothing was written" in err
+
+    def interrupted_after_a_checkpoint(config, ui, *_):
+        RunDir(Path(config.run_dir)).root.mkdir(parents=True)
+        RunDir(Path(config.run_dir)).checkpoint.write_bytes(b"")
+        raise KeyboardInterrupt
+
+    fake_module(monkeypatch, "evolve.run", run_search=interrupted_after_a_checkpoint)
+    assert main(["run", "--generations", "2", "--run-dir", "somewhere"]) == 130
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("interrupted") and "--resume somewhere" in err
 
 
 # -- score / validate / export-go ------------------------------------------------------

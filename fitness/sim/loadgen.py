@@ -31,11 +31,13 @@ What the real runs did (``../shared/NOTES.md`` §2-3):
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
-from primitives.data.experiments import ExperimentSpec, LifecycleMetrics
+from primitives.data.experiments import EXP_CONFIG, PROFILE, RESULTS_CONFIG, ExperimentSpec, LifecycleMetrics
 from primitives.distribution import counted_percentiles, percentiles
+from primitives.errors import InputError
 
 # Re-tokenisation of random-token prompts: mean inflation and per-user spread (uniform ±).
 PROMPT_INFLATION = 1.05
@@ -149,6 +151,70 @@ def build_load(spec: ExperimentSpec, seed: int = 0, process: str = "exponential"
         stage_first_request=first,
         timeout_s=float(spec.request_timeout_s),
         stage_interval_s=float(spec.stage_interval_s),
+    )
+
+
+def no_success_reason(spec: ExperimentSpec, deployment, load: LoadPlan | None = None) -> tuple[str, str] | None:
+    """(field, why) when the inputs let no request of SPEC succeed whatever the step time; else None.
+
+    The limits the engine enforces: a request longer than ``max_model_len`` is rejected at
+    once, one that can never fit the KV cache is rejected at the queue head.
+    """
+    load = build_load(spec) if load is None else load
+    if load.num_requests == 0:
+        return "load.stages", "no stage sends a request (rate x duration < 1 in every stage)"
+    shortest = int((load.request_input_len + load.output_len).min())
+    if shortest > spec.max_model_len:
+        return "max_model_len", (
+            f"max_model_len {spec.max_model_len} is below the shortest request ({shortest} tokens of prompt and output)"
+        )
+    kv_tokens = deployment.kv_capacity_tokens(spec.gpu_memory_utilization)
+    if kv_tokens < shortest:
+        usable_gb = spec.gpu_memory_utilization * deployment.gpu.memory_bytes / 1e9
+        return "gpu_memory_utilization", (
+            f"the KV cache holds {kv_tokens} tokens per GPU (gpu_memory_utilization {spec.gpu_memory_utilization:g} "
+            f"of {deployment.gpu.memory_bytes / 1e9:.0f} GB = {usable_gb:.1f} GB, weights "
+            f"{deployment.weight_bytes_per_gpu / 1e9:.1f} GB per GPU at TP{deployment.tp}); "
+            f"the shortest request needs {shortest}"
+        )
+    return None
+
+
+class NoSuccessfulRequest(InputError):
+    """A simulation that served no request successfully: nothing to measure latencies on."""
+
+
+def _config_path(spec: ExperimentSpec, field: str) -> object:
+    """The file of SPEC that sets FIELD: the server's exp-config.yaml, or the load generator's."""
+    if not spec.path:
+        return spec.name
+    if not field.startswith("load."):
+        return Path(spec.path) / EXP_CONFIG
+    resolved = Path(spec.path) / RESULTS_CONFIG
+    return resolved if resolved.exists() else Path(spec.path) / PROFILE
+
+
+def check_servable(spec: ExperimentSpec, deployment) -> None:
+    """Raise :class:`NoSuccessfulRequest` naming the limit when the inputs let no request succeed."""
+    reason = no_success_reason(spec, deployment)
+    if reason is not None:
+        field, why = reason
+        raise NoSuccessfulRequest(
+            _config_path(spec, field), field, f"experiment {spec.name!r}: no request can succeed: {why}"
+        )
+
+
+def require_success(spec: ExperimentSpec, deployment, metrics: LifecycleMetrics, what: str) -> None:
+    """Raise :class:`NoSuccessfulRequest` when METRICS count no success: the limit to blame, else
+    WHAT (the model) timing out."""
+    if metrics.successes > 0:
+        return
+    check_servable(spec, deployment)
+    raise NoSuccessfulRequest(
+        _config_path(spec, "load.request_timeout"),
+        "load.request_timeout",
+        f"experiment {spec.name!r}: {what} serves none of {metrics.failures} requests within the "
+        f"{spec.request_timeout_s:g} s timeout",
     )
 
 

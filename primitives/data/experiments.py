@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from primitives import checks
 from primitives.distribution import PERCENTILES, stat_key
 from primitives.errors import InputError
 from primitives.files import read_mapping
@@ -144,35 +145,14 @@ def _get(data: dict, dotted: str, path: Path, default: Any = _MISSING) -> Any:
     return node
 
 
-def _number(
-    value: Any, path: Path, dotted: str, *, integer: bool = False, positive: bool = True, allow_zero: bool = False
-) -> float | int:
-    if value is None:
-        raise InputError(path, dotted, "a required field is missing (expected a number)")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        # YAML may hold numbers as strings ("600"); accept them only if they parse
-        try:
-            value = float(str(value).strip())
-        except ValueError:
-            raise InputError(path, dotted, f"expected a number, got {value!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise InputError(path, dotted, f"expected a finite number, got {value!r}")
-    if integer:
-        if float(value) != int(value):
-            raise InputError(path, dotted, f"expected an integer, got {value!r}")
-        value = int(value)
-    if positive and (value < 0 or (value == 0 and not allow_zero)):
-        raise InputError(
-            path, dotted, f"expected a {'non-negative' if allow_zero else 'positive'} number, got {value!r}"
-        )
-    return value
+def _number(value: Any, path: Path, dotted: str, **bounds: Any) -> float | int:
+    # YAML may hold numbers as strings ("600"): accepted when they parse
+    return checks.number(value, path, dotted, text_ok=True, **bounds)
 
 
-def _num_field(
-    data: dict, dotted: str, path: Path, *, integer: bool = False, default: Any = _MISSING, allow_zero: bool = False
-) -> float | int:
-    value = _get(data, dotted, path, default)
-    return _number(value, path, dotted, integer=integer, allow_zero=allow_zero)
+def _num_field(data: dict, dotted: str, path: Path, *, default: Any = _MISSING, **bounds: Any) -> float | int:
+    """The number at DOTTED; BOUNDS: ``checks.number``'s (integer, allow_zero, upper)."""
+    return _number(_get(data, dotted, path, default), path, dotted, **bounds)
 
 
 # ---------------------------------------------------------------------------
@@ -192,9 +172,14 @@ def _parse_stages(load: Any, path: Path, prefix: str) -> tuple[tuple[float, floa
             raise InputError(path, f"{where}.rate", "a required field is missing (requests per second)")
         if "duration" not in st or st["duration"] is None:
             raise InputError(path, f"{where}.duration", "a required field is missing (seconds)")
-        rate = float(_number(st["rate"], path, f"{where}.rate"))
-        duration = float(_number(st["duration"], path, f"{where}.duration"))
+        rate = float(_number(st["rate"], path, f"{where}.rate", upper=checks.MAX_RATE_PER_S))
+        duration = float(_number(st["duration"], path, f"{where}.duration", upper=checks.MAX_DURATION_S))
         out.append((rate, duration))
+    n_requests = sum(int(rate * duration) for rate, duration in out)
+    if n_requests > checks.MAX_REQUESTS:
+        raise InputError(
+            path, f"{prefix}.stages", f"{n_requests} requests (rate x duration); expected at most {checks.MAX_REQUESTS}"
+        )
     return tuple(out)
 
 
@@ -206,9 +191,16 @@ def _shape_from_results(cfg: dict, path: Path) -> dict[str, int]:
     if not isinstance(sp, dict):
         raise InputError(path, "data.shared_prefix", "expected a mapping (the shared-prefix data shape)")
     shape = {
-        k: _num_field(cfg, f"data.shared_prefix.{k}", path, integer=True)
+        k: _num_field(cfg, f"data.shared_prefix.{k}", path, integer=True, upper=checks.MAX_TOKENS)
         for k in ("num_groups", "num_prompts_per_group", *_SHAPE_FIELDS)
     }
+    return _check_users(shape, path)
+
+
+def _check_users(shape: dict[str, int], path: Path) -> dict[str, int]:
+    users = shape["num_groups"] * shape["num_prompts_per_group"]
+    if users > checks.MAX_REQUESTS:
+        raise InputError(path, "data.shared_prefix", f"{users} prompts; expected at most {checks.MAX_REQUESTS}")
     return shape
 
 
@@ -216,7 +208,10 @@ def _shape_from_profile(prof: dict, path: Path) -> dict[str, int]:
     sp = _get(prof, "data.shared_prefix", path)
     if not isinstance(sp, dict):
         raise InputError(path, "data.shared_prefix", "expected a mapping (the shared-prefix data shape)")
-    shape = {k: _num_field(prof, f"data.shared_prefix.{k}", path, integer=True) for k in _SHAPE_FIELDS}
+    shape = {
+        k: _num_field(prof, f"data.shared_prefix.{k}", path, integer=True, upper=checks.MAX_TOKENS)
+        for k in _SHAPE_FIELDS
+    }
     # the profile spells the group shape differently from the resolved config
     for key, names in (
         ("num_groups", ("num_groups", "num_unique_system_prompts")),
@@ -225,8 +220,8 @@ def _shape_from_profile(prof: dict, path: Path) -> dict[str, int]:
         name = next((n for n in names if sp.get(n) is not None), None)
         if name is None:
             raise InputError(path, f"data.shared_prefix.{names[1]}", "a required field is missing")
-        shape[key] = _num_field(prof, f"data.shared_prefix.{name}", path, integer=True)
-    return shape
+        shape[key] = _num_field(prof, f"data.shared_prefix.{name}", path, integer=True, upper=checks.MAX_TOKENS)
+    return _check_users(shape, path)
 
 
 def _parse_metrics_file(path: Path) -> LifecycleMetrics:
@@ -240,8 +235,8 @@ def _parse_metrics_file(path: Path) -> LifecycleMetrics:
         if successes == 0:
             raw = _get(data, dotted, path, None)
             means[f"{metric}_mean_s"] = None if raw is None else float(_number(raw, path, dotted, allow_zero=True))
-        else:
-            means[f"{metric}_mean_s"] = float(_num_field(data, dotted, path, allow_zero=True))
+        else:  # a served request took time to answer; ITL and TPOT are 0 for one-token outputs
+            means[f"{metric}_mean_s"] = float(_num_field(data, dotted, path, allow_zero=metric in ("itl", "tpot")))
         distributions[metric] = _percentiles_field(data, f"successes.latency.{src}", path)
     return LifecycleMetrics(
         successes=int(successes),
@@ -303,16 +298,16 @@ def load_experiment(directory: str | Path) -> ExperimentSpec:
 
     exp_path = directory / EXP_CONFIG
     exp = read_mapping(exp_path, "yaml")
-    model = _get(exp, "model", exp_path)
-    if not isinstance(model, str) or not model.strip():
-        raise InputError(exp_path, "model", f"expected a model name (HF id), got {model!r}")
-    tp = _num_field(exp, "tensor_parallelism", exp_path, integer=True)
-    max_model_len = _num_field(exp, "max_model_len", exp_path, integer=True)
-    max_batched = _num_field(exp, "max_num_batched_tokens", exp_path, integer=True)
-    max_seqs = _num_field(exp, "max_num_seqs", exp_path, integer=True)
-    gmu = float(_num_field(exp, "gpu_memory_utilization", exp_path, default=DEFAULT_GPU_MEMORY_UTILIZATION))
-    if not 0.0 < gmu <= 1.0:
-        raise InputError(exp_path, "gpu_memory_utilization", f"expected a fraction in (0, 1], got {gmu!r}")
+    model = checks.text(_get(exp, "model", exp_path), exp_path, "model", "a model name (HF id)")
+    tp = _num_field(exp, "tensor_parallelism", exp_path, integer=True, upper=checks.MAX_TP)
+    max_model_len = _num_field(exp, "max_model_len", exp_path, integer=True, upper=checks.MAX_TOKENS)
+    max_batched = _num_field(exp, "max_num_batched_tokens", exp_path, integer=True, upper=checks.MAX_STEP_TOKENS)
+    max_seqs = _num_field(exp, "max_num_seqs", exp_path, integer=True, upper=checks.MAX_REQUESTS)
+    gmu = checks.fraction(
+        _get(exp, "gpu_memory_utilization", exp_path, DEFAULT_GPU_MEMORY_UTILIZATION),
+        exp_path,
+        "gpu_memory_utilization",
+    )
 
     results_cfg_path = directory / RESULTS_CONFIG
     if results_cfg_path.exists():
@@ -327,18 +322,39 @@ def load_experiment(directory: str | Path) -> ExperimentSpec:
     if not isinstance(load, dict):
         raise InputError(src_path, "load", "expected a mapping (load type and stages)")
     stages = _parse_stages(load, src_path, "load")
-    timeout = float(_num_field(cfg, "load.request_timeout", src_path, default=DEFAULT_REQUEST_TIMEOUT_S))
-    interval = float(_num_field(cfg, "load.interval", src_path, default=DEFAULT_STAGE_INTERVAL_S, allow_zero=True))
+    timeout = float(
+        _num_field(
+            cfg, "load.request_timeout", src_path, default=DEFAULT_REQUEST_TIMEOUT_S, upper=checks.MAX_DURATION_S
+        )
+    )
+    interval = float(
+        _num_field(
+            cfg,
+            "load.interval",
+            src_path,
+            default=DEFAULT_STAGE_INTERVAL_S,
+            allow_zero=True,
+            upper=checks.MAX_DURATION_S,
+        )
+    )
     load_type = _get(cfg, "load.type", src_path, "constant")
     if not isinstance(load_type, str):
         raise InputError(src_path, "load.type", f"expected a load type name, got {load_type!r}")
+
+    streamed = sum(int(rate * duration) for rate, duration in stages) * int(shape["output_len"])
+    if streamed > checks.MAX_SIMULATED_TOKENS:
+        raise InputError(
+            src_path,
+            "data.shared_prefix.output_len",
+            f"{streamed:.3g} output tokens to stream; expected at most {checks.MAX_SIMULATED_TOKENS:.0e}",
+        )
 
     results_dir = directory / "results"
     observed = load_observed(results_dir) if results_dir.is_dir() else None
 
     return ExperimentSpec(
         name=directory.name,
-        model=model.strip(),
+        model=model,
         tp=int(tp),
         stages=stages,
         num_groups=int(shape["num_groups"]),

@@ -17,8 +17,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from primitives import checks
 from primitives.deployment import KV_BLOCK_TOKENS
 from primitives.errors import InputError
+from primitives.files import require_regular_input
 from primitives.registry import AGGREGATE_FEATURES, ALL_FEATURES
 
 # the vLLM tracer's export names, then the embedded synthetic data's (named apart so it is
@@ -43,6 +45,23 @@ REQUIRED_COLUMNS = {
 NUMERIC_COLUMNS = [c for c in REQUIRED_COLUMNS if c not in ("experiment_id", "model")]
 # ids and degrees are whole numbers: a fractional one would be silently truncated
 INTEGER_COLUMNS = frozenset({"step.id", "tp"})
+# physical sanity bounds of a column (checks' limits; ids and ns timestamps exact in a float64)
+COLUMN_UPPER = {
+    "tp": checks.MAX_TP,
+    "step.id": 2.0**53,
+    "step.ts_start_ns": 2.0**62,
+    "batch.prefill_tokens": checks.MAX_STEP_TOKENS,
+    "batch.decode_tokens": checks.MAX_STEP_TOKENS,
+    "batch.num_prefill_reqs": checks.MAX_REQUESTS,
+    "batch.num_decode_reqs": checks.MAX_REQUESTS,
+    "kv.blocks_total_gpu": checks.MAX_STEP_TOKENS,
+    "kv.blocks_free_gpu": checks.MAX_STEP_TOKENS,
+    "step.duration_us": checks.MAX_DURATION_S * 1e6,
+    "progress": checks.MAX_TOKENS,
+    "new_tokens": checks.MAX_TOKENS,
+    "input_len": checks.MAX_TOKENS,
+    "output_len": checks.MAX_TOKENS,
+}
 REQUEST_COLUMNS = ("experiment_id", "step.id", "progress", "new_tokens", "input_len", "output_len")
 
 # canonical step columns (aggregate features keep their registry names)
@@ -87,6 +106,7 @@ class StepData:
 
 
 def _read_table(path: Path) -> pd.DataFrame:
+    require_regular_input(path)
     try:
         if path.stat().st_size == 0:
             raise InputError(path, None, "the file is empty; expected a step-trace table")
@@ -124,6 +144,12 @@ def _numeric(df: pd.DataFrame, col: str, path: Path, expected: str) -> np.ndarra
     if col in INTEGER_COLUMNS and (arr != np.floor(arr)).any():
         row = int(np.flatnonzero(arr != np.floor(arr))[0])
         raise InputError(path, col, f"non-integer value {arr[row]:g} in row {row}; expected {expected}")
+    upper = COLUMN_UPPER.get(col)
+    if upper is not None and (arr > upper).any():
+        row = int(np.flatnonzero(arr > upper)[0])
+        raise InputError(
+            path, col, f"value {arr[row]:g} in row {row} is beyond any real run; expected at most {upper:g}"
+        )
     return arr
 
 
@@ -158,6 +184,7 @@ def load_trace(path: Path | str) -> StepData:
             raise InputError(step_path, c, f"missing value in row {row}; expected {REQUIRED_COLUMNS[c]}")
     if (num["tp"] < 1).any():
         raise InputError(step_path, "tp", "expected a tensor-parallel degree >= 1")
+    _one_deployment_per_experiment(df, num["tp"], step_path)
     if (num["kv.blocks_free_gpu"] > num["kv.blocks_total_gpu"]).any():
         raise InputError(step_path, "kv.blocks_free_gpu", "more free blocks than kv.blocks_total_gpu")
     if "step.duration_us" in df.columns:
@@ -213,8 +240,23 @@ def load_trace(path: Path | str) -> StepData:
     return StepData(steps=steps.drop(columns=["source_row"]), requests=requests, sources=[str(step_path)])
 
 
+def _one_deployment_per_experiment(df: pd.DataFrame, tp: np.ndarray, path: Path) -> None:
+    """An experiment ran one model at one TP: rows that disagree are a merged or corrupted trace."""
+    ids = pd.DataFrame({"e": df["experiment_id"].astype(str), "model": df["model"].astype(str), "tp": tp})
+    for col in ("model", "tp"):
+        counts = ids.groupby("e", sort=True)[col].nunique()
+        if (counts > 1).any():
+            name = counts.index[int(np.flatnonzero(counts.to_numpy() > 1)[0])]
+            seen = sorted(str(v) for v in ids.loc[ids["e"] == name, col].unique())[:3]
+            raise InputError(
+                path, col, f"experiment {name!r} has rows with {', '.join(seen)}; expected one per experiment"
+            )
+
+
 def _load_requests(path: Path, steps: pd.DataFrame) -> pd.DataFrame:
     df = _read_table(path)
+    if len(df) == 0:  # per-request mode with no data would switch on features it cannot compute
+        raise InputError(path, None, "the table has no rows; expected the requests of every step (or no such file)")
     missing = [c for c in REQUEST_COLUMNS if c not in df.columns]
     if missing:
         raise InputError(path, missing[0], "missing column of the per-request detail")
@@ -229,7 +271,28 @@ def _load_requests(path: Path, steps: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({"step_row": rows.astype(np.int64)})
     for c in ("progress", "new_tokens", "input_len", "output_len"):
         out[c] = cols[c]
+    _requests_match_steps(out, steps, path)
     return out.sort_values("step_row", kind="stable").reset_index(drop=True)
+
+
+def _requests_match_steps(reqs: pd.DataFrame, steps: pd.DataFrame, path: Path) -> None:
+    """Every step's request rows: as many as its batch has requests, their new tokens its tokens."""
+    n = len(steps)
+    count = np.bincount(reqs["step_row"].to_numpy(), minlength=n)
+    tokens = np.bincount(reqs["step_row"].to_numpy(), weights=reqs["new_tokens"].to_numpy(), minlength=n)
+    for got, want, what in (
+        (count, steps["num_prefill_reqs"].to_numpy() + steps["num_decode_reqs"].to_numpy(), "requests"),
+        (tokens, steps["prefill_tokens"].to_numpy() + steps["decode_tokens"].to_numpy(), "new tokens"),
+    ):
+        bad = np.flatnonzero(got != want)
+        if len(bad):
+            i = int(bad[0])
+            raise InputError(
+                path,
+                "step.id",
+                f"experiment {steps['experiment'].iloc[i]!r} step {int(steps['step_id'].iloc[i])} has {got[i]:g} "
+                f"{what} here but {want[i]:g} in the step trace; expected the same",
+            )
 
 
 def load_steps(paths: list[Path | str]) -> StepData:

@@ -1,0 +1,155 @@
+"""The command line of ``python -m evolve``: argument types and the parser.
+
+A usage error is one line and a hint (``error: ...`` then ``usage hint: ... --help``),
+not argparse's whole usage block; ``--help`` prints the usage as usual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Callable, NoReturn
+
+from evolve.config import BOUNDS_HELP, parse_bounds
+from evolve.resume import MAX_SEED
+
+PROG = "python -m evolve"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with usage errors as one line plus where to find the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {' '.join(message.split())} (usage: {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+# -- argument types (argparse turns ArgumentTypeError into usage + exit 2) -----------
+def _number_arg(kind: type, ok: Callable[[float], bool], expected: str, what: str = "a whole number"):
+    """An argparse type: parse ``kind``, then check ``ok`` (ArgumentTypeError -> usage, exit 2)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
+        return value
+
+    return parse
+
+
+_positive_int = _number_arg(int, lambda v: v >= 1, "a number >= 1")
+_jobs = _number_arg(int, lambda v: v >= 1 or v == -1, "a number >= 1 (or -1 for every core)")
+_seed = _number_arg(int, lambda v: 0 <= v <= MAX_SEED, f"a seed in 0..{MAX_SEED}")
+_positive_float = _number_arg(
+    float, lambda v: math.isfinite(v) and v > 0, "a positive number of seconds", "a number of seconds"
+)
+
+
+# -- parser -------------------------------------------------------------------------
+def _add_run_dir(
+    p: argparse.ArgumentParser, help: str = "run directory (default: the one named in ./runs/LATEST)"
+) -> None:
+    p.add_argument("--run-dir", metavar="DIR", help=help)
+
+
+def _add_resolver_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-configs", metavar="DIR", help="folder of HF config.json folders (default: built-ins)")
+    p.add_argument("--gpu-datasheet", metavar="FILE", help="GPU datasheet JSON (default: built-in H100)")
+    p.add_argument("--kernels", metavar="DIR", help="the GPU's measured kernel tables (default: built-in H100)")
+
+
+def _entry_command(sub, name: str, help: str, handler) -> argparse.ArgumentParser:
+    """A command on one archived entry that writes results: ID, --run-dir, --json, resolver options."""
+    p = sub.add_parser(name, help=help)
+    p.add_argument("id", metavar="ID")
+    _add_run_dir(p)
+    p.add_argument("--json", metavar="FILE", help="also write the results to FILE")
+    _add_resolver_options(p)
+    p.set_defaults(handler=handler)
+    return p
+
+
+def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
+    """The command line; HANDLERS: the function of each command (``run``, ``archive_list``, ...)."""
+    parser = OneLineParser(prog=PROG, description="Evolve vLLM step-time models and export them to BLIS (Go).")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("run", help="run a search", description="Run a GP search; results go to a run directory.")
+    p.add_argument("--generations", type=_positive_int, required=True, metavar="N", help="generations to evolve")
+    p.add_argument("--population", type=_positive_int, metavar="P", help="individuals per generation (default 200)")
+    p.add_argument(
+        "--data",
+        nargs="+",
+        action="extend",
+        metavar="PATH",
+        help="step trace files or folders (default: embedded data)",
+    )
+    p.add_argument("--experiments", metavar="DIR", help="experiment folders for the replayed E2E objectives")
+    p.add_argument("--seed", type=_seed, metavar="S", help="random seed (same seed, same run; default 0)")
+    p.add_argument("--jobs", type=_jobs, default=1, metavar="J", help="parallel evaluation workers (-1: every core)")
+    _add_run_dir(p, help="where to write (default: runs/<UTC time>-seed<S>)")
+    p.add_argument("--time-limit", type=_positive_float, metavar="SEC", help="stop after this many seconds")
+    _add_resolver_options(p)
+    p.add_argument("--backend", choices=("loky", "dask"), default="loky")
+    p.add_argument("--scheduler", metavar="ADDRESS", help="dask scheduler address (with --backend dask)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    p.add_argument("--efficiency-bounds", type=parse_bounds, metavar="LO,HI", help=BOUNDS_HELP)
+    p.add_argument(
+        "--checkpoint-every", type=_positive_int, metavar="N", help="generations between checkpoints (default 5)"
+    )
+    p.set_defaults(handler=handlers["run"])
+
+    pa = sub.add_parser("archive", help="browse a run's archive", description="Browse the archive of a run.")
+    asub = pa.add_subparsers(dest="archive_command", required=True, metavar="ACTION")
+    q = asub.add_parser("list", help="the Pareto front of the latest generation")
+    _add_run_dir(q)
+    q.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    q.add_argument("--all", action="store_true", help="every archived entry, not only the latest front")
+    q.set_defaults(handler=handlers["archive_list"])
+    q = asub.add_parser("show", help="one entry in detail")
+    q.add_argument("id", metavar="ID", help="entry id or a unique prefix of it")
+    _add_run_dir(q)
+    q.set_defaults(handler=handlers["archive_show"])
+    q = asub.add_parser("best", help="the recommended model (see archive/select.py)")
+    _add_run_dir(q)
+    q.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    q.set_defaults(handler=handlers["archive_best"])
+
+    p = _entry_command(sub, "score", "per-step error of an entry on step traces", handlers["score"])
+    p.add_argument(
+        "--data", nargs="+", action="extend", required=True, metavar="PATH", help="step trace files or folders"
+    )
+
+    p = _entry_command(sub, "validate", "replay experiments end to end with an entry", handlers["validate"])
+    p.add_argument("--experiments", required=True, metavar="DIR")
+    transfer = p.add_mutually_exclusive_group()
+    for flag, help in [
+        ("--lomo", "leave one model out: refit without each model, validate on it"),
+        ("--lowo", "leave one workload out: refit without each workload, validate on it"),
+        ("--stage-transfer", "refit on the low-rate load stages, validate the high-rate ones"),
+    ]:
+        transfer.add_argument(flag, dest="mode", action="store_const", const=flag[2:], help=help)
+    p.add_argument("--baseline", action="store_true", help="also fit and run the BLIS blackbox baseline (slow)")
+    p.add_argument("--report", metavar="DIR", help="write a self-contained HTML report there (implies --baseline)")
+
+    p = sub.add_parser("export-go", help="write step_time.go for BLIS")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--package", default="latency", metavar="NAME", help="Go package name (default: latency)")
+    p.add_argument(
+        "--interface",
+        choices=("seed", "blis"),
+        default="seed",
+        help="seed: the five-method interface (default); blis: upstream BLIS's four methods",
+    )
+    p.add_argument("--model", metavar="NAME", help="bake constants for this model (with --tp)")
+    p.add_argument("--tp", type=_positive_int, metavar="N")
+    p.add_argument("--gpu", metavar="NAME", help="GPU for --model (default: the datasheet's / H100)")
+    _add_run_dir(p)
+    _add_resolver_options(p)
+    p.set_defaults(handler=handlers["export_go"])
+    return parser

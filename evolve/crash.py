@@ -1,0 +1,91 @@
+"""The last net under every command: what an unexpected failure looks like to the user.
+
+Not a traceback: one line naming a crash log that holds it (in the temp folder, so that
+read-only commands never write beside the user's files), and exit status 1. A full disk
+is named as such, without a log (there may be no room for one).
+
+Signals: SIGTERM is handled as Ctrl-C is (the run checkpoints and stops), and the worker
+processes are killed on the way out rather than left to idle out.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import sqlite3
+import sys
+import tempfile
+import time
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+
+DISK_FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """A write failed for want of space (an OSError, or sqlite's own words for it)."""
+    if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+        return True
+    return isinstance(exc, sqlite3.OperationalError) and "disk is full" in str(exc).lower()
+
+
+def write_crash_log(exc: BaseException, argv: list[str]) -> Path | None:
+    """The traceback of EXC (and the command) in a new file of the temp folder; None if it cannot be written."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    text = f"command: python -m evolve {' '.join(argv)}\n\n" + "".join(
+        traceback.format_exception(type(exc), exc, exc.__traceback__)
+    )
+    try:
+        fd, path = tempfile.mkstemp(prefix=f"stepsynth-crash-{stamp}-", suffix=".log")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+    except OSError:
+        return None
+    return Path(path)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextmanager
+def sigterm_as_interrupt():
+    """Inside: SIGTERM takes Ctrl-C's path (checkpoint, mark the run interrupted, exit 130)."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def kill_workers() -> None:
+    """Kill the pool's worker processes now (only if one was started)."""
+    module = sys.modules.get("joblib.externals.loky.reusable_executor")
+    executor = getattr(module, "_executor", None)
+    if executor is not None:
+        executor.shutdown(wait=True, kill_workers=True)
+
+
+class TimeLimitReached(KeyboardInterrupt):
+    """``--time-limit`` ran out outside the generation loop (set-up, final checks): taken as an interrupt."""
+
+
+@contextmanager
+def time_limit_alarm(remaining_s: float | None, what: str):
+    """Inside: raise :class:`TimeLimitReached` once REMAINING_S have passed (None: no limit)."""
+    if remaining_s is None:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TimeLimitReached(f"the time limit was reached during {what}")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, max(remaining_s, 0.001))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -1,0 +1,98 @@
+"""Which run a ``python -m evolve run`` is: a new one in an unused directory, or ``--resume``
+of the run a directory holds, with that run's own configuration.
+
+A resumed run may change only how long it goes on and how it computes (``--generations``,
+not below the checkpoint's, ``--time-limit``, ``--jobs``, ``--backend``, ``--scheduler``); any other option
+given must agree with ``run.json``, or the run is refused (it would otherwise mix two
+searches in one archive).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from archive.rundir import RunDir, default_run_dir, refuse_used_dir
+from evolve.config import RunConfig
+from primitives import checks
+from primitives.errors import InputError
+from primitives.files import read_mapping
+
+MAX_SEED = 2**63 - 1  # sqlite's INTEGER
+# options a resumed run takes from run.json: RunConfig field -> its flag
+FIXED_BY_THE_RUN = {
+    "population": "--population",
+    "seed": "--seed",
+    "data": "--data",
+    "experiments": "--experiments",
+    "model_configs": "--model-configs",
+    "gpu_datasheet": "--gpu-datasheet",
+    "kernels": "--kernels",
+    "efficiency_bounds": "--efficiency-bounds",
+    "checkpoint_every": "--checkpoint-every",
+}
+PATH_FIELDS = ("experiments", "model_configs", "gpu_datasheet", "kernels")
+
+
+def _absolute(config: RunConfig) -> RunConfig:
+    """Paths as absolute ones: run.json must work from any directory, for --resume."""
+    config.data = [str(Path(p).resolve()) for p in config.data]
+    for name in PATH_FIELDS:
+        if getattr(config, name):
+            setattr(config, name, str(Path(getattr(config, name)).resolve()))
+    return config
+
+
+def fresh_config(config: RunConfig) -> RunConfig:
+    """A new run: absolute paths, its own token, an unused directory (refused now, before any work)."""
+    config = _absolute(config)
+    config.run_token = uuid.uuid4().hex
+    root = Path(config.run_dir) if config.run_dir else default_run_dir(config.seed)
+    refuse_used_dir(root)
+    config.run_dir = str(root)
+    return config
+
+
+def _plain(value):
+    """What to compare: lists and tuples alike (run.json holds lists), numbers as floats."""
+    return (
+        [float(v) if isinstance(v, (int, float)) else v for v in value] if isinstance(value, (list, tuple)) else value
+    )
+
+
+def _saved_config(path: Path) -> RunConfig:
+    saved = read_mapping(path, "json")  # anything but a JSON object is refused there
+    for name in ("generations", "population", "seed"):
+        if name not in saved:
+            raise InputError(path, name, "a required field is missing; not a run.json of this program")
+        checks.number(saved[name], path, name, integer=True, allow_zero=name == "seed", upper=MAX_SEED)
+    if not isinstance(saved.get("data", []), list):
+        raise InputError(path, "data", f"expected a list of paths, got {saved['data']!r}")
+    return RunConfig.from_dict(saved)
+
+
+def resumed_config(config: RunConfig, given: set[str]) -> RunConfig:
+    """The configuration of the run in ``config.resume``; GIVEN: the RunConfig fields set on the
+    command line, each of which must agree with it."""
+    root = Path(config.resume)
+    saved = RunDir(root).run_config
+    if not saved.is_file():
+        raise InputError(root, "--resume", f"not a run directory (no {saved.name})")
+    old = _saved_config(saved)
+    if config.run_dir and Path(config.run_dir).resolve() != root.resolve():
+        raise InputError("--run-dir", None, f"contradicts --resume {root}; give only --resume")
+    mine = _absolute(config)
+    for name in sorted(given & set(FIXED_BY_THE_RUN)):
+        ours, theirs = _plain(getattr(mine, name)), _plain(getattr(old, name))
+        if ours != theirs:
+            raise InputError(
+                FIXED_BY_THE_RUN[name],
+                None,
+                f"the run in {root} was made with {theirs!r}, not {ours!r}; drop the flag to resume it, "
+                "or start a new run",
+            )
+    old.resume = old.run_dir = str(root)
+    old.generations = config.generations
+    old.jobs, old.backend, old.scheduler = config.jobs, config.backend, config.scheduler
+    old.time_limit_s = config.time_limit_s
+    return old

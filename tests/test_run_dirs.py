@@ -1,0 +1,290 @@
+"""A run directory belongs to one run (issue 14, items 3 to 6): reuse and contradicting resumes
+are refused without touching run.json, the checkpoint or runs/LATEST; a lock keeps a second
+process out; a crash is marked ``failed``; SIGTERM checkpoints and stops; outputs go only
+to regular files; read-only commands change nothing; the last net is one line and a log."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_bad_input import ENV, assert_one_line_error, call
+
+from archive.rundir import RunLock
+from evolve.search import Search
+
+TINY = ["--generations", "1", "--population", "8", "--data", "good.csv"]
+
+
+def snapshot(root: Path) -> dict:
+    """Every file of the run directory and runs/LATEST, byte for byte."""
+    files = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    latest = Path("runs/LATEST")
+    files[latest] = latest.read_bytes() if latest.exists() else None
+    return files
+
+
+def status_of(root: Path) -> list[str]:
+    con = sqlite3.connect(f"file:{root / 'archive.sqlite'}?mode=ro", uri=True)
+    try:
+        return [s for (s,) in con.execute("SELECT status FROM runs ORDER BY rowid")]
+    finally:
+        con.close()
+
+
+def generations_of(root: Path) -> int:
+    if not (root / "archive.sqlite").exists():
+        return 0
+    con = sqlite3.connect(f"file:{root / 'archive.sqlite'}?mode=ro", uri=True)
+    try:
+        return con.execute("SELECT count(*) FROM generations").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+    finally:
+        con.close()
+
+
+@pytest.fixture
+def done(work, capsys) -> Path:
+    """A finished run in runs/a (LATEST names it)."""
+    rc, _, err = call(["run", *TINY, "--run-dir", "runs/a"], capsys)
+    assert rc == 0, err
+    return work / "runs" / "a"
+
+
+def test_a_used_run_directory_is_refused_and_left_alone(done, capsys):
+    before = snapshot(done)
+    rc, _, err = call(["run", *TINY, "--run-dir", "runs/a"], capsys)
+    assert_one_line_error(rc, err, "runs/a", "not empty", "--resume")
+    assert snapshot(done) == before
+
+
+@pytest.mark.parametrize(
+    "flags,needles",
+    [
+        (["--population", "9"], ["--population", "8"]),
+        (["--seed", "3"], ["--seed"]),
+        (["--efficiency-bounds", "0.4,4"], ["--efficiency-bounds"]),
+        (["--run-dir", "runs/b"], ["--run-dir", "contradicts"]),
+    ],
+)
+def test_a_resume_that_contradicts_the_run_is_refused(flags, needles, done, capsys):
+    before = snapshot(done)
+    rc, _, err = call(["run", "--generations", "2", "--resume", "runs/a", *flags], capsys)
+    assert_one_line_error(rc, err, *needles)
+    assert snapshot(done) == before
+
+
+def test_a_resume_with_the_same_flags_goes_on(done, capsys):
+    rc, _, err = call(["run", "--generations", "2", "--resume", "runs/a", "--population", "8"], capsys)
+    assert rc == 0, err
+    assert Search.peek_checkpoint(done / "checkpoint.pkl").generation == 2
+
+
+@pytest.mark.parametrize(
+    "damage,needles",
+    [
+        (lambda d: (d / "checkpoint.pkl").unlink(), ["checkpoint.pkl", "no checkpoint"]),
+        (lambda d: (d / "checkpoint.pkl").write_bytes(b"\x80\x05junk"), ["checkpoint.pkl", "damaged"]),
+        (lambda d: _flip_a_byte(d / "checkpoint.pkl"), ["checkpoint.pkl", "damaged"]),
+        (lambda d: (d / "run.json").write_text("[200, 200]"), ["run.json", "JSON object"]),
+        (lambda d: (d / "run.json").write_text('{"generations": 1}'), ["run.json", "population", "missing"]),
+        (lambda d: _swap_token(d / "run.json"), ["checkpoint.pkl", "run_token", "another run"]),
+    ],
+)
+def test_a_resume_never_restarts_from_zero_silently(damage, needles, done, capsys):
+    damage(done)
+    before = snapshot(done)
+    rc, _, err = call(["run", "--generations", "2", "--resume", "runs/a"], capsys)
+    assert_one_line_error(rc, err, *needles)
+    assert snapshot(done) == before
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _swap_token(path: Path) -> None:
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps({**config, "run_token": "someone-else"}))
+
+
+def test_a_checkpoint_of_another_run_is_refused(done, work, capsys):
+    assert call(["run", *TINY, "--run-dir", "runs/b", "--seed", "1"], capsys)[0] == 0
+    (done / "checkpoint.pkl").write_bytes((work / "runs" / "b" / "checkpoint.pkl").read_bytes())
+    rc, _, err = call(["run", "--generations", "2", "--resume", "runs/a"], capsys)
+    assert_one_line_error(rc, err, "checkpoint.pkl", "another run")
+
+
+def test_the_lock_keeps_a_second_process_out(work, capsys):
+    root = work / "runs" / "locked"
+    root.mkdir(parents=True)
+    with RunLock(root):  # as another process would hold it (flock: per open file)
+        rc, _, err = call(["run", *TINY, "--run-dir", root], capsys)
+    assert_one_line_error(rc, err, "locked", "another run", f"pid {os.getpid()}")
+    assert sorted(p.name for p in root.iterdir()) == [".lock"]
+
+
+def test_two_runs_started_at_once_in_one_directory(work):
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "evolve", "run", *TINY, "--population", "30", "--run-dir", "runs/both"],
+            cwd=work,
+            env=ENV,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    results = [(p.wait(timeout=180), p.stderr.read()) for p in procs]
+    assert sorted(rc for rc, _ in results) == [0, 2], results
+    refused = next(err for rc, err in results if rc == 2)
+    assert len(refused.strip().splitlines()) == 1 and ("not empty" in refused or "another run" in refused)
+    assert status_of(work / "runs" / "both") == ["finished"]  # one run, not two merged
+
+
+def test_a_crash_marks_the_run_failed_and_keeps_latest(done, work, capsys, monkeypatch):
+    def boom(self):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(Search, "step", boom)
+    latest = Path("runs/LATEST").read_text()
+    rc, _, err = call(["run", *TINY, "--run-dir", "runs/c"], capsys)
+    lines = err.strip().splitlines()
+    assert rc == 1 and len(lines) == 1 and "ZeroDivisionError" in lines[0], err
+    log = Path(lines[0].rsplit("traceback in ", 1)[1])
+    assert "Traceback" in log.read_text() and "boom" in log.read_text()
+    log.unlink()
+    assert status_of(work / "runs" / "c") == ["failed"]
+    assert Path("runs/LATEST").read_text() == latest
+
+
+def test_a_full_disk_is_one_line_and_the_archive_stays_whole(work, capsys, monkeypatch):
+    """ENOSPC from the checkpoint write after the first generation (as a full disk gives it)."""
+    import errno
+
+    saves = []
+
+    def full(self, path, owner=None):
+        saves.append(path)
+        if len(saves) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Search, "save_checkpoint", full)
+    rc, _, err = call(["run", *TINY[:1], "3", *TINY[2:], "--checkpoint-every", "1", "--run-dir", "runs/f"], capsys)
+    lines = err.strip().splitlines()
+    assert rc == 1 and len(lines) == 1 and lines[0].startswith("error: disk full"), err
+    assert status_of(work / "runs" / "f") == ["failed"]
+    con = sqlite3.connect(f"file:{work / 'runs' / 'f' / 'archive.sqlite'}?mode=ro", uri=True)
+    assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    con.close()
+
+
+def test_a_kill_during_run_json_replacement_leaves_old_or_new(tmp_path):
+    """SIGKILL a writer of run.json at staggered moments: the file is always one whole version."""
+    script = (
+        "import sys\nfrom primitives.files import atomic_write_json\n"
+        "i = 0\nwhile True:\n    i += 1\n    atomic_write_json(sys.argv[1], {'n': i, 'pad': 'x' * 200000})\n"
+    )
+    path = tmp_path / "run.json"
+    for delay in (0.3, 0.45, 0.61, 0.77):
+        proc = subprocess.Popen([sys.executable, "-c", script, str(path)], env=ENV)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if path.exists():
+            assert json.loads(path.read_text())["pad"] == "x" * 200000
+
+
+def test_sigterm_checkpoints_and_stops_within_seconds(work):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "evolve", "run", "--generations", "500", "--population", "40"]
+        + ["--data", "good.csv", "--run-dir", "runs/t", "--jobs", "2", "--checkpoint-every", "1"],
+        cwd=work,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not generations_of(work / "runs" / "t"):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.1)
+    time.sleep(1.0)
+    workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(timeout=30)
+    assert time.monotonic() - t0 < 15
+    err = proc.stderr.read()
+    assert rc == 130 and len(err.strip().splitlines()) == 1 and "--resume" in err, err
+    assert status_of(work / "runs" / "t") == ["interrupted"]
+    assert Search.peek_checkpoint(work / "runs" / "t" / "checkpoint.pkl").generation >= 1
+    gone_by = time.monotonic() + 5  # the workers are killed; loky's resource tracker exits on its own
+    while (alive := [w for w in workers if _running(w)]) and time.monotonic() < gone_by:
+        time.sleep(0.2)
+    assert not alive, f"child processes still running 5 s after the run ended: {alive}"
+
+
+def _running(pid: str) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] not in "ZX"  # zombies are gone
+    except (OSError, IndexError):
+        return False
+
+
+# --- outputs and read-only commands ------------------------------------------------------
+@pytest.mark.parametrize("target", ["/dev/full", "fifo", "link"])
+def test_json_output_only_to_a_regular_file(target, done, work, capsys):
+    if target == "fifo":
+        os.mkfifo(work / "fifo")
+    if target == "link":
+        (work / "kept.txt").write_text("mine")
+        (work / "link").symlink_to(work / "kept.txt")
+    entry = json.loads(call(["archive", "list", "--json", "--run-dir", done], capsys)[1])[0]["id"]
+    rc, _, err = call(["score", entry, "--data", "good.csv", "--run-dir", done, "--json", target], capsys)
+    assert_one_line_error(rc, err, target, "--json", "expected a regular file")
+    assert not Path(target).exists() or not Path(target).is_file() or (work / "kept.txt").read_text() == "mine"
+    assert Path(target).is_symlink() or not Path(target).is_file()
+
+
+def test_read_only_commands_change_nothing(done, work, capsys):
+    (work / "some.txt").write_text("")
+    rc, _, err = call(["archive", "list", "--run-dir", "some.txt"], capsys)
+    assert_one_line_error(rc, err, "some.txt", "not an archive")
+    assert (work / "some.txt").read_bytes() == b""
+    before = snapshot(done)
+    for command in (["archive", "list"], ["archive", "best"], ["archive", "list", "--all", "--json"]):
+        assert call([*command, "--run-dir", done], capsys)[0] == 0
+    assert snapshot(done) == before
+
+
+# --- resources and the command line ---------------------------------------------------------
+@pytest.mark.parametrize("seed", [str(2**63), "-1", "1e3"])
+def test_seeds_outside_sqlite_integers_are_refused(seed, work, capsys):
+    rc, _, err = call(["run", *TINY, "--seed", seed], capsys)
+    assert_one_line_error(rc, err, "--seed", "usage:")
+    assert not (work / "runs").exists()
+
+
+def test_jobs_above_the_cpu_count_are_capped_with_one_warning(work, capsys):
+    rc, _, err = call(["run", *TINY, "--jobs", "999", "--run-dir", "runs/j"], capsys)
+    assert rc == 0
+    assert [ln for ln in err.splitlines() if ln.strip()] == [
+        ln for ln in err.splitlines() if ln.startswith("warning: --jobs 999")
+    ]
+    assert json.loads((work / "runs" / "j" / "run.json").read_text())["jobs"] <= os.cpu_count()
+
+
+@pytest.mark.parametrize("args", [["run"], ["run", "--generations", "x"], ["nonsense"], ["archive"]])
+def test_usage_errors_are_one_line_with_a_hint(args, work, capsys):
+    rc, _, err = call(args, capsys)
+    assert_one_line_error(rc, err, "--help")
