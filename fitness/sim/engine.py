@@ -22,7 +22,7 @@ The client side (arrivals, prompts, the two-events-per-token arithmetic) is
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -71,17 +71,18 @@ def simulate(
         load = build_load(spec, seed)
     if kv_capacity_blocks is None:
         kv_capacity_blocks = deployment.kv_capacity_tokens(spec.gpu_memory_utilization) // BLOCK
+    kv_total = int(kv_capacity_blocks)
     program = None if engine == "python" else step_program_of(model, required=engine == "compiled")
     if program is not None:
-        run = _compiled_run(spec, model, load, int(kv_capacity_blocks), record, distributions, program)
-        return run.result(spec.name)
-    run = _ClosedLoop(spec, model, load, int(kv_capacity_blocks), record)
-    if distributions:
-        run.sched.token_log = []
-    for si in range(len(load.stage_offsets_s)):
-        run.stage(si)
-    # the engine is empty between stages (every request of a stage is done)
-    return run.result(spec.name)
+        outcome = _compiled_outcome(spec, model, load, kv_total, record, distributions, program)
+    else:
+        run = _ClosedLoop(spec, model, load, kv_total, record)
+        if distributions:
+            run.sched.token_log = []
+        for si in range(len(load.stage_offsets_s)):
+            run.stage(si)  # the engine is empty between stages (every request of a stage is done)
+        outcome = run.outcome()
+    return measure(spec.name, load, model, kv_total, outcome)
 
 
 ENGINES = ("auto", "compiled", "python")
@@ -100,17 +101,45 @@ def step_program_of(model: LatencyModel, required: bool = False) -> StepProgram 
         return None
 
 
-def _compiled_run(spec, model, load: LoadPlan, kv_total: int, record: bool, distributions: bool, program):
-    """One run of the compiled core, dressed as a finished ``_ClosedLoop`` for its ``result``."""
-    run = _ClosedLoop.__new__(_ClosedLoop)
-    run.load, run.kv_total, run.record = load, kv_total, record
-    run.otp_us = float(model.output_token_processing_us)
-    run.gap_us = float(model.event_gap_us)
-    n = load.num_requests
-    run.req_L = load.shapes.user_prompt_len[load.request_user].astype(np.int64)
-    run.target = int(load.output_len)
-    run.timeout_us = load.timeout_s * US_PER_S
-    run.q_us = np.asarray(model.queueing_time_us(run.req_L), dtype=np.float64) * np.ones(n)
+@dataclass
+class LoopOutcome:
+    """What one closed loop leaves behind, whichever engine ran it (``measure`` turns it into a result)."""
+
+    send_us: np.ndarray
+    enqueue_us: np.ndarray
+    stage_start_us: np.ndarray
+    status: np.ndarray  # per request (fitness.sim.recording's codes)
+    output_tokens: np.ndarray
+    admit_step: np.ndarray
+    first_step: np.ndarray
+    last_step: np.ndarray
+    preemptions: np.ndarray
+    prefix_hit_tokens: np.ndarray
+    step_start_us: np.ndarray  # per step
+    step_time_us: np.ndarray
+    step_cycle_us: np.ndarray
+    step_preemptions: np.ndarray
+    step_kv_held_blocks: np.ndarray
+    step_follows: np.ndarray  # launched while the previous step ran (its outputs delayed by this one)
+    step_gapless: np.ndarray  # started right at the end of the previous step
+    step_offsets: np.ndarray
+    batch: list[np.ndarray] | None  # progress, new tokens, input len, output len, request (recording only)
+    token_log: tuple[np.ndarray, np.ndarray] | None  # (step, request) of every sampled token
+    total_preemptions: int
+    kv_free_blocks: int
+    kv_held_blocks: int
+
+
+def _request_inputs(load: LoadPlan, model: LatencyModel) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's prompt length and queueing time (µs)."""
+    prompt_len = load.shapes.user_prompt_len[load.request_user].astype(np.int64)
+    queue_us = np.asarray(model.queueing_time_us(prompt_len), dtype=np.float64) * np.ones(load.num_requests)
+    return prompt_len, queue_us
+
+
+def _compiled_outcome(spec, model, load: LoadPlan, kv_total: int, record: bool, distributions: bool, program):
+    """One run of the compiled core (``fitness.sim.core``)."""
+    prompt_len, queue_us = _request_inputs(load, model)
     stride = key_stride(int(spec.max_model_len))
     user_keys = prompt_block_keys(load.shapes, stride)
     n_keys = np.array([len(k) for k in user_keys], dtype=np.int64)
@@ -119,14 +148,14 @@ def _compiled_run(spec, model, load: LoadPlan, kv_total: int, record: bool, dist
         keys[u, : len(k)] = k
     offsets = np.concatenate(load.stage_offsets_s) if load.stage_offsets_s else np.zeros(0)
     out = run_closed_loop(
-        run.req_L,
+        prompt_len,
         np.asarray(load.request_user, dtype=np.int64),
         np.asarray(offsets, dtype=np.float64),
-        run.q_us,
+        queue_us,
         np.asarray(load.stage_first_request, dtype=np.int64),
         float(load.stage_interval_s),
-        float(run.timeout_us),
-        run.target,
+        float(load.timeout_s * US_PER_S),
+        int(load.output_len),
         int(spec.max_model_len),
         int(spec.max_num_batched_tokens),
         int(spec.max_num_seqs),
@@ -136,32 +165,18 @@ def _compiled_run(spec, model, load: LoadPlan, kv_total: int, record: bool, dist
         kv_total,
         float(model.scheduling_processing_us),
         float(model.preemption_processing_us),
-        run.otp_us,
-        run.gap_us,
+        float(model.output_token_processing_us),
+        float(model.event_gap_us),
         bool(record),
         bool(distributions),
         program_arrays(program),
     )
-    (status, out_tok, admit, first, last, n_pre, hits, run.send_us, run.enq_us, run.stage_start) = out[:10]
-    steps = SimpleNamespace(
-        start=out[10], time=out[11], cycle=out[12], preemptions=out[13], kv_held_blocks=out[14],
-        follows=out[15], gapless=out[16], offsets=out[17], batches=SimpleNamespace(arrays=lambda: list(out[18:23])),
+    return LoopOutcome(
+        *out[7:10], *out[:7], *out[10:18],
+        batch=list(out[18:23]) if record else None,
+        token_log=(out[23], out[24]) if distributions else None,
+        total_preemptions=int(out[25]), kv_free_blocks=int(out[26]), kv_held_blocks=int(out[27]),
     )  # fmt: skip
-    run.steps = _Steps(steps)
-    kv = SimpleNamespace(free=lambda: int(out[26]), held_blocks=lambda: int(out[27]))
-    run.sched = SimpleNamespace(
-        status=status, out_tok=out_tok, admit_step=admit, first_step=first, last_step=last, n_preempt=n_pre,
-        hit_tokens=hits, total_preempt=int(out[25]), kv=kv, token_log=(out[23], out[24]) if distributions else None,
-    )  # fmt: skip
-    return run
-
-
-class _Steps(SimpleNamespace):
-    def __init__(self, ns):
-        super().__init__(**vars(ns))
-
-    def __len__(self) -> int:
-        return len(self.start)
 
 
 class _ClosedLoop:
@@ -178,10 +193,9 @@ class _ClosedLoop:
         self.step_time = model.step_time_us
 
         n = load.num_requests
-        self.req_L = load.shapes.user_prompt_len[load.request_user].astype(np.int64)
+        self.req_L, self.q_us = _request_inputs(load, model)
         self.target = int(load.output_len)
         self.timeout_us = load.timeout_s * US_PER_S
-        self.q_us = np.asarray(model.queueing_time_us(self.req_L), dtype=np.float64) * np.ones(n)
         self.sched = Scheduler(spec, load, self.req_L, kv_total)
         self.send_us = np.full(n, np.nan)
         self.enq_us = np.full(n, np.nan)
@@ -276,113 +290,129 @@ class _ClosedLoop:
         # 6. the step's outcome
         return sched.step_done(new_comp, k)
 
-    def result(self, name: str) -> SimResult:
-        """Client-side measurement of the run, and its recording."""
-        load, sched, steps = self.load, self.sched, self.steps
-        n = load.num_requests
-        start, cyc, next_contig, out_us = _step_timeline(steps, self.otp_us)
-        gapless = np.zeros(len(steps), dtype=bool)
-        if len(steps) > 1:
-            gapless[:-1] = np.array(steps.gapless[1:], dtype=bool)
-        status = sched.status
-        finished = status == FINISHED
-        first_tok_us = np.full(n, np.nan)
-        last_tok_us = np.full(n, np.nan)
-        first_tok_us[finished] = out_us[sched.first_step[finished]]
-        last_tok_us[finished] = out_us[sched.last_step[finished]]
-        ct = client_times(self.send_us, first_tok_us, last_tok_us, np.where(finished, sched.out_tok, 0), self.gap_us)
-        success = finished & (ct.e2e_us <= self.timeout_us)
-        nan = np.where(success, 1.0, np.nan)
-        stage_arr = load.request_stage
-        tokens = None
-        if sched.token_log is not None:  # every token reaches the client when its step's outputs do
+    def outcome(self) -> LoopOutcome:
+        sched, steps = self.sched, self.steps
+        token_log = None
+        if sched.token_log is not None:
             log = sched.token_log
-            if isinstance(log, tuple):  # the compiled core's (step, request) arrays
-                step_of, req_of = log
-            else:
-                step_of = np.repeat([k for k, _ in log], [len(r) for _, r in log]).astype(np.int64)
-                req_of = np.concatenate([r for _, r in log]) if log else np.zeros(0, dtype=np.int64)
-            tokens = TokenTimes.from_tokens(n, req_of, out_us[step_of], self.gap_us)
-        metrics = ObservedMetrics(
-            summary=lifecycle_metrics(ct, success, tokens=tokens),
-            stages=tuple(
-                lifecycle_metrics(ct, success, stage_arr == s, tokens) for s in range(len(load.stage_offsets_s))
-            ),
-        )
-        requests = RequestTable(
-            send_us=self.send_us,
-            enqueue_us=self.enq_us,
-            stage=stage_arr,
-            user=load.request_user,
-            input_len=self.req_L,
-            output_tokens=sched.out_tok,
-            target_tokens=np.full(n, self.target, dtype=np.int64),
-            status=status,
-            success=success,
-            ttft_us=ct.ttft_us * nan,
-            e2e_us=ct.e2e_us * nan,
-            tpot_us=ct.tpot_us * nan,
-            preemptions=sched.n_preempt,
-            prefix_hit_tokens=sched.hit_tokens,
-        )
-        traj = None
-        if self.record:
-            prog, new, inl, outl, reqi = steps.batches.arrays()
-            enq_step, enq_frac, wait_from = enqueue_positions(self.enq_us, start, cyc, status)
-            traj = Trajectory(
-                step_start_us=start,
-                step_time_us=np.array(steps.time),
-                step_cycle_us=cyc,
-                step_preemptions=np.array(steps.preemptions, dtype=np.int32),
-                step_kv_block_tokens=np.array(steps.kv_held_blocks, dtype=np.int64) * BLOCK,
-                next_contiguous=gapless,
-                output_delayed=next_contig,
-                step_offsets=np.array(steps.offsets, dtype=np.int64),
-                batch_progress=prog,
-                batch_new_tokens=new,
-                batch_input_len=inl,
-                batch_output_len=outl,
-                batch_request=reqi,
-                send_us=self.send_us,
-                queueing_us=self.q_us,
-                input_len=self.req_L,
-                target_tokens=requests.target_tokens,
-                stage=stage_arr,
-                success=success,
-                enq_step=enq_step,
-                enq_frac=enq_frac,
-                wait_from_step=wait_from,
-                admit_step=sched.admit_step,
-                first_token_step=sched.first_step,
-                last_step=sched.last_step,
-                preemptions=sched.n_preempt,
-                n_stages=len(load.stage_offsets_s),
-                name=name,
-            )
-        kv = sched.kv
-        return SimResult(
-            metrics=metrics,
-            requests=requests,
-            trajectory=traj,
-            n_steps=len(steps),
-            kv_capacity_blocks=self.kv_total,
-            stage_start_us=self.stage_start,
-            total_preemptions=sched.total_preempt,
-            extra={"kv_free_blocks_at_end": kv.free(), "kv_blocks_held_at_end": kv.held_blocks()}
-            | ({"token_times": tokens} if tokens is not None else {}),
-        )
+            step_of = np.repeat([k for k, _ in log], [len(r) for _, r in log]).astype(np.int64)
+            req_of = np.concatenate([r for _, r in log]) if log else np.zeros(0, dtype=np.int64)
+            token_log = (step_of, req_of)
+        return LoopOutcome(
+            self.send_us, self.enq_us, self.stage_start,
+            sched.status, sched.out_tok, sched.admit_step, sched.first_step, sched.last_step, sched.n_preempt,
+            sched.hit_tokens,
+            np.array(steps.start, dtype=np.float64), np.array(steps.time, dtype=np.float64),
+            np.array(steps.cycle, dtype=np.float64), np.array(steps.preemptions, dtype=np.int64),
+            np.array(steps.kv_held_blocks, dtype=np.int64), np.array(steps.follows, dtype=bool),
+            np.array(steps.gapless, dtype=bool), np.array(steps.offsets, dtype=np.int64),
+            batch=steps.batches.arrays() if self.record else None, token_log=token_log,
+            total_preemptions=sched.total_preempt, kv_free_blocks=sched.kv.free(),
+            kv_held_blocks=sched.kv.held_blocks(),
+        )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------
 # Client-side measurement
 
 
-def _step_timeline(steps: StepLog, otp_us: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def measure(name: str, load: LoadPlan, model: LatencyModel, kv_total: int, run: LoopOutcome) -> SimResult:
+    """Client-side measurement of a closed loop's outcome, and its recording."""
+    n = load.num_requests
+    prompt_len, queue_us = _request_inputs(load, model)
+    otp_us, gap_us = float(model.output_token_processing_us), float(model.event_gap_us)
+    start, cyc, next_contig, out_us = _step_timeline(run.step_start_us, run.step_cycle_us, run.step_follows, otp_us)
+    n_steps = len(start)
+    gapless = np.zeros(n_steps, dtype=bool)
+    if n_steps > 1:
+        gapless[:-1] = run.step_gapless[1:]
+    status = run.status
+    finished = status == FINISHED
+    first_tok_us = np.full(n, np.nan)
+    last_tok_us = np.full(n, np.nan)
+    first_tok_us[finished] = out_us[run.first_step[finished]]
+    last_tok_us[finished] = out_us[run.last_step[finished]]
+    ct = client_times(run.send_us, first_tok_us, last_tok_us, np.where(finished, run.output_tokens, 0), gap_us)
+    success = finished & (ct.e2e_us <= load.timeout_s * US_PER_S)
+    nan = np.where(success, 1.0, np.nan)
+    stage_arr = load.request_stage
+    tokens = None
+    if run.token_log is not None:  # every token reaches the client when its step's outputs do
+        step_of, req_of = run.token_log
+        tokens = TokenTimes.from_tokens(n, req_of, out_us[step_of], gap_us)
+    metrics = ObservedMetrics(
+        summary=lifecycle_metrics(ct, success, tokens=tokens),
+        stages=tuple(lifecycle_metrics(ct, success, stage_arr == s, tokens) for s in range(len(load.stage_offsets_s))),
+    )
+    requests = RequestTable(
+        send_us=run.send_us,
+        enqueue_us=run.enqueue_us,
+        stage=stage_arr,
+        user=load.request_user,
+        input_len=prompt_len,
+        output_tokens=run.output_tokens,
+        target_tokens=np.full(n, int(load.output_len), dtype=np.int64),
+        status=status,
+        success=success,
+        ttft_us=ct.ttft_us * nan,
+        e2e_us=ct.e2e_us * nan,
+        tpot_us=ct.tpot_us * nan,
+        preemptions=run.preemptions,
+        prefix_hit_tokens=run.prefix_hit_tokens,
+    )
+    traj = None
+    if run.batch is not None:
+        prog, new, inl, outl, reqi = run.batch
+        enq_step, enq_frac, wait_from = enqueue_positions(run.enqueue_us, start, cyc, status)
+        traj = Trajectory(
+            step_start_us=start,
+            step_time_us=run.step_time_us,
+            step_cycle_us=cyc,
+            step_preemptions=run.step_preemptions.astype(np.int32),
+            step_kv_block_tokens=run.step_kv_held_blocks * BLOCK,
+            next_contiguous=gapless,
+            output_delayed=next_contig,
+            step_offsets=run.step_offsets,
+            batch_progress=prog,
+            batch_new_tokens=new,
+            batch_input_len=inl,
+            batch_output_len=outl,
+            batch_request=reqi,
+            send_us=run.send_us,
+            queueing_us=queue_us,
+            input_len=prompt_len,
+            target_tokens=requests.target_tokens,
+            stage=stage_arr,
+            success=success,
+            enq_step=enq_step,
+            enq_frac=enq_frac,
+            wait_from_step=wait_from,
+            admit_step=run.admit_step,
+            first_token_step=run.first_step,
+            last_step=run.last_step,
+            preemptions=run.preemptions,
+            n_stages=len(load.stage_offsets_s),
+            name=name,
+        )
+    return SimResult(
+        metrics=metrics,
+        requests=requests,
+        trajectory=traj,
+        n_steps=n_steps,
+        kv_capacity_blocks=kv_total,
+        stage_start_us=run.stage_start_us,
+        total_preemptions=run.total_preemptions,
+        extra={"kv_free_blocks_at_end": run.kv_free_blocks, "kv_blocks_held_at_end": run.kv_held_blocks}
+        | ({"token_times": tokens} if tokens is not None else {}),
+    )
+
+
+def _step_timeline(start, cycle, follows, otp_us: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The steps' starts and cycles, whether each one's outputs wait for the next step, and when
     its tokens reach the client: end of step k+1, or end of step k before an idle gap."""
-    start = np.array(steps.start, dtype=np.float64)
-    cycle = np.array(steps.cycle, dtype=np.float64)
-    follows = np.array(steps.follows, dtype=bool)
+    start = np.asarray(start, dtype=np.float64)
+    cycle = np.asarray(cycle, dtype=np.float64)
+    follows = np.asarray(follows, dtype=bool)
     next_contig = np.zeros(len(start), dtype=bool)  # outputs delayed by the next step
     if len(start) > 1:
         next_contig[:-1] = follows[1:]
@@ -396,7 +426,7 @@ def _step_timeline(steps: StepLog, otp_us: float) -> tuple[np.ndarray, np.ndarra
 
 def _drain_time_us(send, status, last, steps: StepLog, otp_us, gap_us, timeout_us, enq) -> float:
     """When the client has every response of a stage (received, or given up at the timeout)."""
-    out = _step_timeline(steps, otp_us)[3]
+    out = _step_timeline(steps.start, steps.cycle, steps.follows, otp_us)[3]
     done = np.where(status == REJECTED, enq, send + timeout_us)
     fin = status == FINISHED
     if fin.any():
