@@ -10,7 +10,7 @@ from __future__ import annotations
 from primitives.deployment import Deployment
 from primitives.kernels import LogGrid, Table1D, Table2D
 from primitives.registry import KERNEL_ARITY
-from translate_go.gosource import render_template
+from translate_go.gosource import align_rows, render_template
 from translate_go.printer import go_camel, go_float_literal
 
 VALUES_PER_LINE = 6
@@ -73,13 +73,13 @@ def blis_kernels_source(deployments: list[Deployment], used: list[str]) -> str:
         "// kernelShape is what the measured-kernel tables depend on: the model's layers, hidden,",
         "// intermediate, heads, KV heads, head_dim, experts and experts per token (1, 1 dense), and TP.",
         "type kernelShape struct {",
-        "	layers, hidden, intermediate, heads, kvHeads, headDim, experts, expertsPerTok, tp int",
+        "\tlayers, hidden, intermediate, heads, kvHeads, headDim, experts, expertsPerTok, tp int",
         "}",
         "",
         "// kernelTables are one deployment's measured-kernel lookups (primitives/kernels.py; log2 of",
         "// µs on log2 grids).",
         "type kernelTables struct {",
-        *[f"	{f} []float64" for f in fields.values()],
+        *align_rows([(f, "[]float64") for f in fields.values()]),
         "}",
         "",
     ]
@@ -102,24 +102,24 @@ def blis_kernels_source(deployments: list[Deployment], used: list[str]) -> str:
         "",
         f"// kernelTableSets holds the tables of the embedded deployments: {names}.",
         "var kernelTableSets = []struct {",
-        "	shape  kernelShape",
-        "	tables kernelTables",
+        "\tshape  kernelShape",
+        "\ttables kernelTables",
         "}{",
     ]
     for d in deployments:
         tables = d.kernels.functions()
-        out.append(f"	{{ // {d.model.name} TP{d.tp}")
-        out.append(f"		{_shape_literal(d)},")
-        out.append("		kernelTables{")
+        out.append(f"\t{{ // {d.model.name} TP{d.tp}")
+        out.append(f"\t\t{_shape_literal(d)},")
+        out.append("\t\tkernelTables{")
         for name in used:
             table = tables[name]
             values = list(table.log2_us) if isinstance(table, Table1D) else [v for r in table.log2_us for v in r]
             body = _slice(fields[name], values)
-            out.append(f"			{fields[name]}: []float64{{")
+            out.append(f"\t\t\t{fields[name]}: []float64{{")
             out += ["\t\t\t" + line for line in body[1:-1]]
-            out.append("			},")
-        out.append("		},")
-        out.append("	},")
+            out.append("\t\t\t},")
+        out.append("\t\t},")
+        out.append("\t},")
     out.append("}")
     out.append("")
     out.append(render_template("blis_kernels.go.tmpl"))
