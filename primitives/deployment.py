@@ -127,11 +127,11 @@ class Deployment:
 
     @property
     def weight_bytes_per_gpu(self) -> float:
-        return self.model.total_params * self.model.dtype_bytes / self.tp
+        return self.constants["weight_bytes_per_gpu"]
 
     @property
     def kv_bytes_per_token_per_gpu(self) -> float:
-        return self.model.kv_bytes_per_token / self.tp
+        return self.constants["kv_bytes_per_token_per_gpu"]
 
     @property
     def kernels(self) -> KernelTables:
