@@ -36,7 +36,7 @@ FACT_GO = {
     "tied_embeddings": "0.0",
     "dense_flops_per_s": "gpu.TFlopsPeak * 1e12",
     "hbm_bytes_per_s": "gpu.BwPeakTBs * 1e12",
-    "nvlink_bytes_per_s": "nvlinkBytesPerS",
+    "nvlink_bytes_per_s": "datasheetNVLinkBytesPerS",
     "tp_degree": "float64(hw.TP)",
 }
 assert set(FACT_GO) == set(FACT_UNITS)
@@ -78,9 +78,9 @@ def deployment_constants_source(deployment: Deployment) -> str:
         *align_rows(rows),
         "}",
         "",
-        f"// nvlinkBytesPerS is the NVLink bandwidth of the {deployment.gpu.name} datasheet the export read:",
+        f"// datasheetNVLinkBytesPerS is the NVLink bandwidth of the {deployment.gpu.name} datasheet the export read:",
         "// BLIS's hardware_config.json has no interconnect figure, so every GPU gets this one.",
-        f"const nvlinkBytesPerS = {go_float_literal(deployment.gpu.nvlink_bytes_per_s)}",
+        f"const datasheetNVLinkBytesPerS = {go_float_literal(deployment.gpu.nvlink_bytes_per_s)}",
         "",
         "// newDeploymentConstants computes the constants from the model's config.json facts, the",
         "// GPU datasheet and the TP degree BLIS hands every backend. sim.ModelConfig carries no",
