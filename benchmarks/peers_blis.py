@@ -55,28 +55,45 @@ from translate_go.blis_export import export_blis  # noqa: E402
 from translate_go.targets import choose_deployment  # noqa: E402
 from translate_go.toolchain import run_go  # noqa: E402
 
-BACKENDS = ("trained-physics", "roofline", "stepsynth")
-COLUMNS = ("BLIS trained-physics", "BLIS roofline", "stepsynth in BLIS", "stepsynth in project")
+# column key -> (label, BLIS backend or None for the project's simulator, prompts reused)
+COLUMNS = {
+    "TP": ("BLIS trained-physics", "trained-physics", False),
+    "RL": ("BLIS roofline", "roofline", False),
+    "SS-B": ("stepsynth in BLIS", "stepsynth", False),
+    "SS-R": ("stepsynth in BLIS, prompts reused", "stepsynth", True),
+    "SS-P": ("stepsynth in project", None, False),
+}
 METRICS = ("e2e", "ttft", "itl")
 CLIENT_TIMEOUT_S = 300.0  # the load generator's HTTP client (NOTES.md §2)
 BLIS_GPU = "H100"
 
 
-def workload_spec(spec) -> dict:
-    """BLIS's inference-perf workload of one experiment (results/config.yaml as parsed)."""
+def workload_spec(spec, reuse: bool = False) -> dict:
+    """BLIS's inference-perf workload of one experiment (results/config.yaml as parsed).
+
+    REUSE: what the data shows the load generator did (NOTES.md §2): every user sends the
+    same whole prompt each round, so BLIS gets one distinct system prompt of the full
+    length per user and no question; BLIS's own expansion draws a new question per request.
+    """
+    shape = {
+        "num_unique_system_prompts": spec.num_groups,
+        "num_users_per_system_prompt": spec.num_prompts_per_group,
+        "system_prompt_len": spec.system_prompt_len,
+        "question_len": spec.question_len,
+    }
+    if reuse:
+        shape = {
+            "num_unique_system_prompts": spec.num_groups * spec.num_prompts_per_group,
+            "num_users_per_system_prompt": 1,
+            "system_prompt_len": spec.system_prompt_len + spec.question_len,
+            "question_len": 0,
+        }
     return {
         "version": "1",
         "seed": 0,
         "inference_perf": {
             "stages": [{"rate": float(r), "duration": int(d)} for r, d in spec.stages],
-            "shared_prefix": {
-                "num_unique_system_prompts": spec.num_groups,
-                "num_users_per_system_prompt": spec.num_prompts_per_group,
-                "system_prompt_len": spec.system_prompt_len,
-                "question_len": spec.question_len,
-                "output_len": spec.output_len,
-                "enable_multi_turn_chat": False,
-            },
+            "shared_prefix": {**shape, "output_len": spec.output_len, "enable_multi_turn_chat": False},
         },
     }
 
@@ -122,10 +139,10 @@ def model_folder(work: Path, spec, resolver) -> Path:
     return folder
 
 
-def run_blis(binary: Path, checkout: Path, work: Path, spec, backend: str, resolver) -> dict:
-    tag = f"{spec.name}-{backend}"
+def run_blis(binary: Path, checkout: Path, work: Path, spec, backend: str, reuse: bool, resolver) -> dict:
+    tag = f"{spec.name}-{backend}" + ("-reuse" if reuse else "")
     spec_path = work / f"{tag}.yaml"
-    spec_path.write_text(yaml.safe_dump(workload_spec(spec), sort_keys=False))
+    spec_path.write_text(yaml.safe_dump(workload_spec(spec, reuse), sort_keys=False))
     metrics_path = work / f"{tag}.json"
     cmd = [
         *(str(binary), "run", "--model", spec.model.lower(), "--tp", str(spec.tp), "--hardware", BLIS_GPU),
@@ -147,15 +164,23 @@ def errors(pred: dict, obs) -> dict:
 
 
 def compare_all(
-    experiments: Path, run_dir: Path, entry_id: str | None, blis_src: Path, jobs: int, keep: Path | None = None
+    experiments: Path,
+    run_dir: Path,
+    entry_id: str | None,
+    blis_src: Path,
+    jobs: int,
+    keep: Path | None = None,
+    columns: tuple[str, ...] = tuple(COLUMNS),
 ) -> list[dict]:
     resolver = default_resolver()
     with ArchiveStore(RunDir(run_dir).archive, create=False) as store:
         entry = store.get(entry_id) if entry_id else recommend(store.front())
     specs = [s for s in find_experiments(experiments) if s.observed is not None]
     print(f"entry {entry.id}: {entry.expression}\n{len(specs)} experiments with results", file=sys.stderr)
-    items = closed_loop_items(specs, resolver, entry.expression, entry.overheads, jobs=jobs)
-    project = {it["name"]: it for it in items}
+    project = {}
+    if "SS-P" in columns:
+        items = closed_loop_items(specs, resolver, entry.expression, entry.overheads, jobs=jobs)
+        project = {it["name"]: it for it in items}
     rows = []
     with tempfile.TemporaryDirectory(prefix="peers-blis-") as tmp:
         work = Path(tmp) if keep is None else keep
@@ -163,13 +188,15 @@ def compare_all(
         for spec in specs:
             obs = spec.observed.summary
             row = {"experiment": spec.name, "entry": entry.id, "observed": obs.as_dict()}
-            for backend, column in zip(BACKENDS, COLUMNS, strict=False):
-                pred = run_blis(binary, checkout, work, spec, backend, resolver)
-                row[column] = {**pred, "errors": errors(pred, obs)}
-                print(f"{spec.name} {backend}: {pred}", file=sys.stderr)
-            item = project[spec.name]
-            pred = {m: item.get(f"{m}_mean_pred_s") for m in METRICS}
-            row[COLUMNS[-1]] = {**pred, "failures": item.get("failures_pred"), "errors": errors(pred, obs)}
+            for key in columns:
+                _, backend, reuse = COLUMNS[key]
+                if backend is None:
+                    item = project[spec.name]
+                    pred = {m: item.get(f"{m}_mean_pred_s") for m in METRICS} | {"failures": item.get("failures_pred")}
+                else:
+                    pred = run_blis(binary, checkout, work, spec, backend, reuse, resolver)
+                row[key] = {**pred, "errors": errors(pred, obs)}
+                print(f"{spec.name} {key}: {pred}", file=sys.stderr)
             rows.append(row)
     return rows
 
@@ -179,41 +206,55 @@ def _pct(v) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    short = ("TP", "RL", "SS-B", "SS-P")
-    print("Error of the mean (predicted / observed - 1); TP: BLIS trained-physics, RL: BLIS roofline,")
-    print("SS-B: the exported model in BLIS, SS-P: the same model in this project's simulator.\n")
-    head = " | ".join(f"{m.upper()} {s}" for m in METRICS for s in short)
+    keys = [k for k in COLUMNS if rows and k in rows[0]]
+    print("Error of the mean (predicted / observed - 1); " + ", ".join(f"{k}: {COLUMNS[k][0]}" for k in keys) + ".\n")
+    head = " | ".join(f"{m.upper()} {k}" for m in METRICS for k in keys)
     print(f"| experiment | {head} |")
-    print("|---|" + "---|" * (len(METRICS) * len(short)))
+    print("|---|" + "---|" * (len(METRICS) * len(keys)))
     for row in rows:
-        cells = [_pct(row[c]["errors"][m]) for m in METRICS for c in COLUMNS]
+        cells = [_pct(row[k]["errors"][m]) for m in METRICS for k in keys]
         print(f"| {row['experiment']} | " + " | ".join(cells) + " |")
     means = []
     for m in METRICS:
-        for c in COLUMNS:
-            vals = [abs(r[c]["errors"][m]) for r in rows if r[c]["errors"][m] is not None]
+        for k in keys:
+            vals = [abs(r[k]["errors"][m]) for r in rows if r[k]["errors"][m] is not None]
             means.append(f"{100 * np.mean(vals):.1f}%" if vals else "—")
     print("| mean abs error | " + " | ".join(means) + " |")
-    print("\nSame model, BLIS against the project's simulator (SS-B / SS-P - 1), and failures:")
-    for row in rows:
-        b, p = row[COLUMNS[2]], row[COLUMNS[3]]
-        diff = [_pct(b[m] / p[m] - 1) if b.get(m) and p.get(m) else "—" for m in METRICS]
-        obs_fail = row["observed"]["failures"]
-        fails = f"failures BLIS {b.get('failures')}, project {p.get('failures')}, observed {obs_fail}"
-        print(f"  {row['experiment']}: E2E {diff[0]}, TTFT {diff[1]}, ITL {diff[2]}; {fails}")
+    pairs = [(b, "SS-P") for b in ("SS-B", "SS-R") if b in keys and "SS-P" in keys]
+    for b, p in pairs:
+        print(f"\nSame model, {COLUMNS[b][0]} against the project's simulator ({b} / SS-P - 1), and failures:")
+        for row in rows:
+            x, y = row[b], row[p]
+            diff = [_pct(x[m] / y[m] - 1) if x.get(m) and y.get(m) else "—" for m in METRICS]
+            obs_fail = row["observed"]["failures"]
+            fails = f"failures BLIS {x.get('failures')}, project {y.get('failures')}, observed {obs_fail}"
+            print(f"  {row['experiment']}: E2E {diff[0]}, TTFT {diff[1]}, ITL {diff[2]}; {fails}")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--experiments", required=True, type=Path, metavar="DIR")
-    ap.add_argument("--run-dir", required=True, type=Path, metavar="RUN", help="run directory holding the entry")
+    ap.add_argument("--experiments", type=Path, metavar="DIR")
+    ap.add_argument("--run-dir", type=Path, metavar="RUN", help="run directory holding the entry")
     ap.add_argument("--id", metavar="ENTRY", help="archive entry (default: the run's recommended one)")
     ap.add_argument("--blis", type=Path, default=shared_data_root() / "blis", metavar="CHECKOUT", help="read only")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", type=Path, metavar="FILE", help="also write every figure here")
     ap.add_argument("--work", type=Path, metavar="DIR", help="keep BLIS's copy, specs and outputs here (new folder)")
+    ap.add_argument("--columns", default=",".join(COLUMNS), help=f"some of {','.join(COLUMNS)} (default: all)")
+    ap.add_argument("--merge", type=Path, nargs="+", metavar="JSON", help="only print earlier --json outputs together")
     args = ap.parse_args(argv)
-    rows = compare_all(args.experiments, args.run_dir, args.id, args.blis, args.jobs, args.work)
+    columns = tuple(c.strip() for c in args.columns.split(","))
+    unknown = sorted(set(columns) - set(COLUMNS))
+    if unknown:
+        ap.error(f"unknown --columns {unknown}; expected some of {list(COLUMNS)}")
+    if args.merge:  # print the table of earlier --json outputs side by side
+        rows = [json.loads(p.read_text()) for p in args.merge]
+        merged = [{k: v for part in parts for k, v in part.items()} for parts in zip(*rows, strict=True)]
+        print_table(merged)
+        return 0
+    if args.experiments is None or args.run_dir is None:
+        ap.error("--experiments and --run-dir are required")
+    rows = compare_all(args.experiments, args.run_dir, args.id, args.blis, args.jobs, args.work, columns)
     print_table(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
