@@ -215,3 +215,43 @@ def test_out_refuses_foreign_files_packages_and_keywords(short_run, tmp_path, ca
     capsys.readouterr()
     assert main([*base, "--out", str(tmp_path / "x"), "--blis", str(tmp_path)]) == 2
     assert "--out/--blis" in _error(capsys)
+
+
+# --- benchmarks/peers_blis.py: what BLIS is given and how its output is read ------------------
+def _peers_blis():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("peers_blis", ROOT / "benchmarks" / "peers_blis.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_peers_blis_workload_and_client_view():
+    import types
+
+    pb = _peers_blis()
+    exp = types.SimpleNamespace(
+        stages=((8.0, 600.0), (20.0, 600.0)),
+        num_groups=10,
+        num_prompts_per_group=10,
+        system_prompt_len=100,
+        question_len=447,
+        output_len=248,
+    )
+    ip = pb.workload_spec(exp)["inference_perf"]
+    assert ip["stages"] == [{"rate": 8.0, "duration": 600}, {"rate": 20.0, "duration": 600}]
+    assert ip["shared_prefix"]["num_unique_system_prompts"] == 10 and ip["shared_prefix"]["question_len"] == 447
+    reuse = pb.workload_spec(exp, reuse=True)["inference_perf"]["shared_prefix"]
+    assert (reuse["num_unique_system_prompts"], reuse["system_prompt_len"], reuse["question_len"]) == (100, 547, 0)
+    # two events per token: 3 tokens 10 ms apart are 5 gaps over 20 ms + the event gap;
+    # a request over the 300 s client timeout is a failure
+    requests = [
+        {"e2e_ms": 100.0, "ttft_ms": 50.0, "itl_ms": 10.0, "num_decode_tokens": 3},
+        {"e2e_ms": 301_000.0, "ttft_ms": 1.0, "itl_ms": 1.0, "num_decode_tokens": 3},
+    ]
+    got = pb.client_means(requests, injected=2)
+    gap_s = pb.DEFAULT_EVENT_GAP_US / 1e6
+    assert (got["successes"], got["failures"]) == (1, 1)
+    assert got["itl"] == pytest.approx((0.020 + gap_s) / 5)
+    assert got["e2e"] == pytest.approx(0.1 + gap_s) and got["ttft"] == pytest.approx(0.05)
