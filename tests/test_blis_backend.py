@@ -228,22 +228,23 @@ def _peers_blis():
 
 
 def test_peers_blis_workload_and_client_view():
-    import types
+    from primitives.data.experiments import ExperimentSpec
 
     pb = _peers_blis()
-    exp = types.SimpleNamespace(
-        stages=((8.0, 600.0), (20.0, 600.0)),
-        num_groups=10,
-        num_prompts_per_group=10,
-        system_prompt_len=100,
-        question_len=447,
-        output_len=248,
-    )
+    shape = {"num_groups": 3, "num_prompts_per_group": 4, "system_prompt_len": 50, "question_len": 20}
+    exp = ExperimentSpec("x", "meta-llama/Llama-2-7b-hf", 1, ((2.0, 30.0), (5.0, 60.0)), **shape, output_len=16)
     ip = pb.workload_spec(exp)["inference_perf"]
-    assert ip["stages"] == [{"rate": 8.0, "duration": 600}, {"rate": 20.0, "duration": 600}]
-    assert ip["shared_prefix"]["num_unique_system_prompts"] == 10 and ip["shared_prefix"]["question_len"] == 447
+    assert ip["stages"] == [{"rate": 2.0, "duration": 30}, {"rate": 5.0, "duration": 60}]
+    assert ip["shared_prefix"] == {
+        "num_unique_system_prompts": 3,
+        "num_users_per_system_prompt": 4,
+        "system_prompt_len": 50,
+        "question_len": 20,
+        "output_len": 16,
+        "enable_multi_turn_chat": False,
+    }
     reuse = pb.workload_spec(exp, reuse=True)["inference_perf"]["shared_prefix"]
-    assert (reuse["num_unique_system_prompts"], reuse["system_prompt_len"], reuse["question_len"]) == (100, 547, 0)
+    assert (reuse["num_unique_system_prompts"], reuse["system_prompt_len"], reuse["question_len"]) == (12, 70, 0)
     # two events per token: 3 tokens 10 ms apart are 5 gaps over 20 ms + the event gap;
     # a request over the 300 s client timeout is a failure
     requests = [
