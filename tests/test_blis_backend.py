@@ -256,3 +256,21 @@ def test_peers_blis_workload_and_client_view():
     assert (got["successes"], got["failures"]) == (1, 1)
     assert got["itl"] == pytest.approx((0.020 + gap_s) / 5)
     assert got["e2e"] == pytest.approx(0.1 + gap_s) and got["ttft"] == pytest.approx(0.05)
+
+
+def test_a_checkout_blis_cannot_take_is_refused_whole(short_run, tmp_path, capsys):
+    """Registration is planned before anything is written: a missing anchor leaves no trace."""
+    if not BLIS_SRC.is_dir():
+        pytest.skip(f"no BLIS checkout at {BLIS_SRC}")
+    run_dir, entry = short_run
+    root = tmp_path / "blis"
+    for rel in ("go.mod", "sim/latency_model.go", "sim/latency/latency.go", "sim/bundle.go", "sim/bundle_test.go"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text((BLIS_SRC / rel).read_text())
+    (root / "cmd").mkdir()
+    (root / "cmd" / "root.go").write_text("package cmd\n")  # no analytical-backend block
+    (root / "cmd" / "replay.go").write_text("package cmd\n")
+    before = {p: p.read_text() for p in root.rglob("*") if p.is_file()}
+    assert main(["export-go", entry.id, "--blis", str(root), "--run-dir", str(run_dir)]) == 2
+    assert "cmd/root.go" in _error(capsys)
+    assert {p: p.read_text() for p in root.rglob("*") if p.is_file()} == before

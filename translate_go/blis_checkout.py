@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -175,27 +176,49 @@ def file_stem(name: str) -> str:
     return name.replace("-", "_") + "_latency"
 
 
-def register_backend(root: Path, name: str) -> list[str]:
-    """Make BLIS know backend NAME; one line per file saying what changed."""
+def plan_registration(root: Path, name: str) -> list[tuple[Path, str | None, str]]:
+    """Every registration edit as (file, new text or None when unchanged, report line),
+    computed before anything is written so that a checkout BLIS cannot take is refused whole."""
     edits = [
         (FACTORY_FILE, f'factory case "{name}"', _factory),
         (BUNDLE_FILE, "validLatencyBackends", _bundle),
         (BUNDLE_TEST_FILE, "pinned backend list", _bundle_test),
     ]
-    report = []
+    plan = []
     for rel, what, edit in edits:
         text = _read(root, rel)
         new, outcome = edit(text, name, root)
-        if new != text:
-            atomic_write_text(root / rel, new)
-        report.append(f"{rel}: {what} {outcome}")
+        plan.append((root / rel, new if new != text else None, f"{rel}: {what} {outcome}"))
     for rel in CMD_FILES:
         text = _read(root, rel)
         new, outcome = _cmd(text, name, root, rel)
-        if new != text:
-            atomic_write_text(root / rel, new)
-        report.append(f"{rel}: analytical backend (config.json, datasheet, KV blocks): {outcome}")
-    return report
+        line = f"{rel}: analytical backend (config.json, datasheet, KV blocks): {outcome}"
+        plan.append((root / rel, new if new != text else None, line))
+    return plan
 
 
-__all__ = ["check_backend_name", "check_checkout", "file_stem", "register_backend"]
+def check_writable(paths: list[Path]) -> None:
+    """Each file is replaced by a rename in its folder: both must be writable."""
+    for path in paths:
+        for target in (path.parent, path):
+            if target.exists() and not os.access(target, os.W_OK):
+                raise InputError(target, None, "not writable; export into a copy of the checkout")
+
+
+def register_backend(root: Path, name: str, plan: list[tuple[Path, str | None, str]] | None = None) -> list[str]:
+    """Make BLIS know backend NAME (PLAN from ``plan_registration``); one line per file."""
+    plan = plan_registration(root, name) if plan is None else plan
+    for path, text, _ in plan:
+        if text is not None:
+            atomic_write_text(path, text)
+    return [line for _, _, line in plan]
+
+
+__all__ = [
+    "check_backend_name",
+    "check_checkout",
+    "check_writable",
+    "file_stem",
+    "plan_registration",
+    "register_backend",
+]

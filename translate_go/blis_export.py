@@ -16,7 +16,14 @@ from primitives.deployment import Deployment, DeploymentResolver
 from primitives.errors import InputError
 from primitives.files import atomic_write_text
 from primitives.registry import PRIMITIVE_BY_NAME
-from translate_go.blis_checkout import check_backend_name, check_checkout, file_stem, register_backend
+from translate_go.blis_checkout import (
+    check_backend_name,
+    check_checkout,
+    check_writable,
+    file_stem,
+    plan_registration,
+    register_backend,
+)
 from translate_go.blis_model import BLIS_PACKAGE, blis_model_source, blis_test_source, prefix_identifiers
 from translate_go.codegen import expression_primitives
 from translate_go.export import default_deployment, parse_entry_expression
@@ -80,8 +87,10 @@ def export_blis(
     targets = [folder / f"{file_stem(name)}.go", folder / f"{file_stem(name)}_test.go"]
     check_own_files(targets)
     check_package_dir(folder, BLIS_PACKAGE, targets)
+    plan = plan_registration(root, name)  # refuses before anything is written
+    check_writable(targets + [path for path, text, _ in plan if text is not None])
     written = [atomic_write_text(targets[0], model_src), atomic_write_text(targets[1], test_src)]
-    return written, register_backend(root, name)
+    return written, register_backend(root, name, plan)
 
 
 __all__ = ["catalog_deployments", "export_blis"]
