@@ -16,7 +16,7 @@ from __future__ import annotations
 from primitives.deployment import GIB, Deployment
 from primitives.deployment_formulas import CONSTANT_FORMULAS, FACT_UNITS, X
 from primitives.registry import CONSTANT_UNITS
-from translate_go.codegen import CONSTANT_GO_NAMES, _format_line
+from translate_go.codegen import CONSTANT_GO_NAMES, format_statement
 from translate_go.gosource import align_rows
 from translate_go.printer import GoCodePrinter, NameAllocator, go_camel, go_float_literal, lower_statements
 
@@ -107,8 +107,8 @@ def deployment_constants_source(deployment: Deployment) -> str:
     lines.append("\tvar c deploymentConstants")
     for name, expr in CONSTANT_FORMULAS.items():
         stmts, value = lower_statements(expr, printer, alloc, use_cse=False)
-        lines += [_format_line("\t" + s) for s in stmts]
-        lines.append(_format_line(f"\tc.{CONSTANT_GO_NAMES[name]} = {value}"))
+        lines += [format_statement("\t" + s) for s in stmts]
+        lines.append(format_statement(f"\tc.{CONSTANT_GO_NAMES[name]} = {value}"))
     lines += ["\treturn c, nil", "}"]
     return "\n".join(lines) + "\n"
 

@@ -69,7 +69,7 @@ class GoSnippet:
     extra: dict = field(default_factory=dict)
 
 
-def _format_line(line: str) -> str:
+def format_statement(line: str) -> str:
     """gofmt layout of one generated statement line (``name := expr``, ``if cond {`` ...)."""
     indent = len(line) - len(line.lstrip("\t"))
     body = line[indent:]
@@ -258,7 +258,7 @@ def step_function_source(
 def _indent_statement(line: str) -> str:
     if line.startswith("//"):
         return "\t" + line
-    return "\t" + _format_line(line)
+    return "\t" + format_statement(line)
 
 
 def program_sources(
@@ -314,6 +314,7 @@ __all__ = [
     "constants_source",
     "expression_primitives",
     "features_source",
+    "format_statement",
     "program_sources",
     "required_constants",
     "required_features",
