@@ -308,36 +308,32 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_export_go(args: argparse.Namespace) -> int:
     if (args.model is None) != (args.tp is None):
         raise InputError("--model/--tp", None, "give both --model NAME and --tp N, or neither")
+    if (args.out is None) == (args.blis is None):
+        raise InputError("--out/--blis", None, "give --out DIR (a Go package) or --blis CHECKOUT (a BLIS backend)")
+    if args.name is not None and args.blis is None:
+        raise InputError("--name", None, "names a BLIS backend: give it with --blis CHECKOUT")
+    from translate_go.targets import check_package_name, choose_deployment
+
+    if args.blis is None:
+        check_package_name(args.package)  # before any work
     with _open_store(args.run_dir) as store:
         entry = store.get(args.id)
         run_dir = Path(store.path).parent
     resolver = _resolver(args)
-    if args.model:
-        deployment = resolver.resolve(args.model, args.tp, args.gpu)
-        print(f"deployment: {deployment.model.name} TP{deployment.tp} on {deployment.gpu.name} (--model/--tp)")
+    deployment, how = choose_deployment(entry, run_dir, resolver, args.model, args.tp, args.gpu)
+    print(f"deployment: {deployment.model.name} TP{deployment.tp} on {deployment.gpu.name} ({how})")
+    if args.blis is not None:
+        from translate_go.blis_export import export_blis
+
+        name = args.name or "stepsynth"
+        written, changes = export_blis(entry, deployment, Path(args.blis), name, resolver=resolver)
+        changes.append(f"backend {name!r}: blis run --latency-model {name} --model M --tp N --hardware GPU")
     else:
-        # No deployment named: bake in the first one the entry's run trained on.
-        from archive.rundir import run_deployments
+        from translate_go.export import export_go
 
-        known = run_deployments(entry, run_dir)
-        first = known[0]
-        deployment = resolver.resolve(first.model, first.tp, args.gpu or first.gpu)
-        others = sorted({f"{d.model} --tp {d.tp}" for d in known} - {f"{first.model} --tp {first.tp}"})
-        print(
-            f"deployment: {deployment.model.name} TP{deployment.tp} on {deployment.gpu.name} "
-            f"(the run's first deployment, experiment {first.experiment}; "
-            + (f"others: --model {', --model '.join(others)})" if others else "the run's only one)")
-        )
-    out = writable_dir(args.out, "--out")
-    from translate_go.export import export_go
-
-    written = export_go(entry, deployment, out, args.package, args.interface)
-    if isinstance(written, (str, os.PathLike)):
-        written = [written]
-    for path in written or []:
-        print(f"wrote {path}")
-    if not written:
-        print(f"exported {entry.id} to {out}")
+        out = writable_dir(args.out, "--out")
+        written, changes = export_go(entry, deployment, out, args.package, args.interface), []
+    print("\n".join([f"wrote {path}" for path in written] + changes))
     return 0
 
 

@@ -136,17 +136,23 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--baseline", action="store_true", help="also fit and run the BLIS blackbox baseline (slow)")
     p.add_argument("--report", metavar="DIR", help="write a self-contained HTML report there (implies --baseline)")
 
-    p = sub.add_parser("export-go", help="write step_time.go for BLIS")
+    p = sub.add_parser("export-go", help="write the model as Go: a BLIS backend or a stand-alone package")
     p.add_argument("id", metavar="ID")
-    p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--package", default="latency", metavar="NAME", help="Go package name (default: latency)")
+    p.add_argument("--blis", metavar="CHECKOUT", help="write into this BLIS checkout as a registered backend")
+    p.add_argument("--name", metavar="NAME", help="the backend's name with --blis (default: stepsynth)")
+    p.add_argument("--out", metavar="DIR", help="write a stand-alone Go package here instead")
+    p.add_argument("--package", default="latency", metavar="NAME", help="Go package name with --out (default: latency)")
     p.add_argument(
         "--interface",
         choices=("seed", "blis"),
-        default="seed",
-        help="seed: the five-method interface (default); blis: upstream BLIS's four methods",
+        default="blis",
+        help="with --out: blis: upstream BLIS's four methods (default); seed: the five-method seed interface",
     )
-    p.add_argument("--model", metavar="NAME", help="bake constants for this model (with --tp)")
+    p.add_argument(
+        "--model",
+        metavar="NAME",
+        help="bake constants for this model (with --tp); with --blis: the golden tests' deployment",
+    )
     p.add_argument("--tp", type=_positive_int, metavar="N")
     p.add_argument("--gpu", metavar="NAME", help="GPU for --model (default: the datasheet's / H100)")
     _add_run_dir(p)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import checks
 from .builtin import BUILTIN_GPUS, BUILTIN_MODEL_CONFIGS, DEFAULT_GPU
+from .deployment_formulas import evaluate_constants
 from .errors import InputError
 from .files import read_mapping
 from .kernels import KernelTables, builtin_kernel_dir, kernel_tables, measured_kernels
@@ -127,11 +128,11 @@ class Deployment:
 
     @property
     def weight_bytes_per_gpu(self) -> float:
-        return self.model.total_params * self.model.dtype_bytes / self.tp
+        return self.constants["weight_bytes_per_gpu"]
 
     @property
     def kv_bytes_per_token_per_gpu(self) -> float:
-        return self.model.kv_bytes_per_token / self.tp
+        return self.constants["kv_bytes_per_token_per_gpu"]
 
     @property
     def kernels(self) -> KernelTables:
@@ -149,22 +150,32 @@ class Deployment:
         return blocks * KV_BLOCK_TOKENS
 
     @property
-    def constants(self) -> dict[str, float]:
-        """Named deployment constants, the only way primitives see a deployment."""
+    def facts(self) -> dict[str, float | int]:
+        """The model, GPU and TP facts the constants are computed from (``deployment_formulas``)."""
         m, g = self.model, self.gpu
         return {
-            "weight_bytes_per_gpu": self.weight_bytes_per_gpu,
-            "active_params_per_gpu": m.active_matmul_params / self.tp,
-            "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_per_gpu,
-            "attn_flops_per_token_pair_per_gpu": 4.0 * m.n_layers * m.n_heads * m.head_dim / self.tp,
-            "allreduce_bytes_per_token": 2.0 * m.n_layers * m.hidden_size * m.dtype_bytes,
-            "hbm_bytes_per_us": g.hbm_bytes_per_s / 1e6,
-            "dense_flops_per_us": g.dense_flops_per_s / 1e6,
-            "nvlink_bytes_per_us": g.nvlink_bytes_per_s / 1e6,
-            "n_layers": float(m.n_layers),
-            "tp": float(self.tp),
-            "moe_topk_ratio": m.experts_per_tok / m.n_experts,
+            "hidden_size": m.hidden_size,
+            "intermediate_size": m.intermediate_size,
+            "n_layers": m.n_layers,
+            "n_heads": m.n_heads,
+            "n_kv_heads": m.n_kv_heads,
+            "head_dim": m.head_dim,
+            "vocab_size": m.vocab_size,
+            "n_experts": m.n_experts,
+            "experts_per_tok": m.experts_per_tok,
+            "dtype_bytes": m.dtype_bytes,
+            "tied_embeddings": int(m.tie_word_embeddings),
+            "dense_flops_per_s": g.dense_flops_per_s,
+            "hbm_bytes_per_s": g.hbm_bytes_per_s,
+            "nvlink_bytes_per_s": g.nvlink_bytes_per_s,
+            "tp_degree": self.tp,
         }
+
+    @property
+    def constants(self) -> dict[str, float]:
+        """Named deployment constants, the only way primitives see a deployment
+        (defined once, as sympy, in ``primitives.deployment_formulas``)."""
+        return evaluate_constants(self.facts)
 
 
 # ---------------------------------------------------------------------------

@@ -54,3 +54,23 @@ def work(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     small_trace(40).to_csv(tmp_path / "good.csv", index=False)
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def short_default_run(tmp_path_factory) -> Path:
+    """The run directory of one short search on the embedded default data (a small trace
+    written here when the package ships none), shared by the Go export tests."""
+    import os
+    import subprocess
+
+    from primitives.data.roots import default_data_dir
+
+    work = tmp_path_factory.mktemp("short_run")
+    cmd = [sys.executable, "-m", "evolve", "run", "--generations", "3", "--population", "30", "--run-dir", "runs/r0"]
+    if not (default_data_dir() / "synthetic_step_traces.parquet").is_file():
+        small_trace().to_csv(work / "trace.csv", index=False)
+        cmd += ["--data", "trace.csv"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr
+    return work / "runs" / "r0"

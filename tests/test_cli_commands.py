@@ -268,7 +268,7 @@ def test_export_go(project: Path, monkeypatch, capsys):
     assert seen["deployment"].tp == 4 and seen["out"] == Path("go/out")
     assert "step_time.go" in capsys.readouterr().out
     assert main(["export-go", ENTRY.id, "--out", "go2"]) == 0
-    assert seen["deployment"].tp == 1 and seen["interface"] == "seed"
+    assert seen["deployment"].tp == 1 and seen["interface"] == "blis"  # the default
     assert "deployment: Llama-2-7b-hf TP1" in capsys.readouterr().out
     assert main(["export-go", ENTRY.id, "--out", "go3", "--model", "no-such-model", "--tp", "1"]) == 2
     assert "no-such-model" in one_error_line(capsys)

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -110,17 +107,10 @@ def test_default_deployment_fallbacks_and_error(tmp_path, monkeypatch):
 
 # --- the front of a default run in Go -----------------------------------------------------
 @pytest.fixture(scope="module")
-def front_module(tmp_path_factory):
+def front_module(tmp_path_factory, short_default_run):
     """(run dir, front entries, module dir with every member exported under both interfaces)."""
     work = tmp_path_factory.mktemp("go_front")
-    cmd = [sys.executable, "-m", "evolve", "run", "--generations", "3", "--population", "30", "--run-dir", "runs/r0"]
-    if not (default_data_dir() / "synthetic_step_traces.parquet").is_file():
-        _write_small_trace(work / "trace.csv")
-        cmd += ["--data", "trace.csv"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env=env, timeout=600)
-    assert res.returncode == 0, res.stderr
-    run_dir = work / "runs" / "r0"
+    run_dir = short_default_run
     with ArchiveStore(RunDir(run_dir).archive, create=False) as store:
         front = store.front()
     assert front, "the run archived no front"

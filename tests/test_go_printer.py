@@ -257,7 +257,7 @@ def _entry(text, overheads=None):
 
 def test_export_writes_files_and_header(tmp_path, llama70):
     entry = _entry("1.1*weight_time_us + pdiv(attention_time_us, batch_size)")
-    paths = export_go(entry, llama70, tmp_path, n_golden=20)
+    paths = export_go(entry, llama70, tmp_path, interface="seed", n_golden=20)
     names = sorted(p.name for p in paths)
     assert names == ["go.mod", "step_time.go", "step_time_test.go"]
     src = (tmp_path / "step_time.go").read_text()

@@ -121,3 +121,27 @@ def test_unknown_architecture_is_a_one_line_input_error(tmp_path):
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(InputError, match="architectures.*unknown architecture"):
         ModelCatalog.from_dir(tmp_path).model("m")
+
+
+def test_deployment_constants_are_the_sympy_formulas():
+    """Deployment.constants evaluates primitives/deployment_formulas.py exactly; the
+    ModelSpec properties (the emulator's) say the same about every built-in model."""
+    import sympy as sp
+
+    from primitives.deployment_formulas import (
+        ACTIVE_MATMUL_PARAMS,
+        CONSTANT_FORMULAS,
+        KV_BYTES_PER_TOKEN,
+        TOTAL_PARAMS,
+        X,
+    )
+
+    for model in ("llama-2-7b", "llama-2-70b", "codellama-34b", "mixtral-8x7b-v0-1"):
+        for tp in (1, 2, 4, 8):
+            d = default_resolver().resolve(model, tp)
+            subs = {X[k]: sp.nsimplify(v) for k, v in d.facts.items()}
+            assert int(TOTAL_PARAMS.xreplace(subs)) == d.model.total_params
+            assert float(ACTIVE_MATMUL_PARAMS.xreplace(subs)) == d.model.active_matmul_params
+            assert int(KV_BYTES_PER_TOKEN.xreplace(subs)) == d.model.kv_bytes_per_token
+            assert d.weight_bytes_per_gpu == d.model.total_params * d.model.dtype_bytes / tp
+            assert d.constants == {k: float(e.xreplace(subs)) for k, e in CONSTANT_FORMULAS.items()}

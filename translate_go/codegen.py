@@ -69,7 +69,7 @@ class GoSnippet:
     extra: dict = field(default_factory=dict)
 
 
-def _format_line(line: str) -> str:
+def format_statement(line: str) -> str:
     """gofmt layout of one generated statement line (``name := expr``, ``if cond {`` ...)."""
     indent = len(line) - len(line.lstrip("\t"))
     body = line[indent:]
@@ -196,19 +196,34 @@ def constants_source(deployment: Deployment, constant_names: list[str]) -> GoSni
     return GoSnippet("\n".join(lines) + "\n", uses_math=uses_math)
 
 
-def step_function_source(func_name: str, expr: sp.Expr, doc: list[str] | None = None) -> GoSnippet:
-    """``func NAME(batch []*Request) float64``: features -> primitives -> EXPR (µs)."""
+def step_function_source(
+    func_name: str,
+    expr: sp.Expr,
+    doc: list[str] | None = None,
+    *,
+    constants: dict[str, str] | None = None,
+    receiver: str = "",
+    kernel_prefix: str = "",
+) -> GoSnippet:
+    """``func NAME(batch []*Request) float64``: features -> primitives -> EXPR (µs).
+
+    CONSTANTS maps deployment constants to Go (default: the package-level consts);
+    RECEIVER (``(m *Model)``) makes it a method, KERNEL_PREFIX (``m.``) prefixes the
+    measured-kernel lookups.
+    """
     expr = sp.sympify(expr)
+    constants = CONSTANT_GO_NAMES if constants is None else constants
     prims = expression_primitives(expr)
     feats = required_features(prims)
     alloc = NameAllocator()
-    alloc.taken |= set(CONSTANT_GO_NAMES.values()) | {"f", "batch"}
+    alloc.taken |= set(CONSTANT_GO_NAMES.values()) | {"f", "batch", "m"}
     prim_names = {p: alloc.claim(PRIMITIVE_GO_NAMES[p]) for p in prims}
     body: list[str] = []
     if feats:
         body.append("f := reduceBatch(batch)")
     # Primitives, printed from the registry with features as f.<field> and constants by name.
-    reg_printer = GoCodePrinter(names={**{k: f"f.{v}" for k, v in FEATURE_GO_FIELDS.items()}, **CONSTANT_GO_NAMES})
+    reg_printer = GoCodePrinter(names={**{k: f"f.{v}" for k, v in FEATURE_GO_FIELDS.items()}, **constants})
+    reg_printer.kernel_prefix = kernel_prefix
     for p in prims:
         prim = PRIMITIVE_BY_NAME[p]
         body.append(f"// {p} [{prim.unit}]: {prim.doc}")
@@ -217,13 +232,14 @@ def step_function_source(func_name: str, expr: sp.Expr, doc: list[str] | None = 
         body.append(f"{prim_names[p]} := {value}")
     # The step-time expression, with common subexpressions named by sympy.cse.
     printer = GoCodePrinter(names=prim_names)
+    printer.kernel_prefix = kernel_prefix
     stmts, value = lower_statements(expr, printer, alloc, use_cse=True)
     if stmts:
         body.append("// Step-time expression (common subexpressions as cseN, Piecewise as pwN).")
     body += stmts
     body.append(f"return {value}")
     lines = [f"// {line}" if line else "//" for line in (doc or [])]
-    lines.append(f"func {func_name}(batch []*Request) float64 {{")
+    lines.append(f"func {receiver + ' ' if receiver else ''}{func_name}(batch []*Request) float64 {{")
     lines += [_indent_statement(line) for line in body]
     lines.append("}")
     return GoSnippet(
@@ -242,33 +258,50 @@ def step_function_source(func_name: str, expr: sp.Expr, doc: list[str] | None = 
 def _indent_statement(line: str) -> str:
     if line.startswith("//"):
         return "\t" + line
-    return "\t" + _format_line(line)
+    return "\t" + format_statement(line)
 
 
 def program_sources(
-    exprs: list[sp.Expr], deployment: Deployment, func_names: list[str], docs: list[list[str]] | None = None
+    exprs: list[sp.Expr],
+    deployment: Deployment,
+    func_names: list[str],
+    docs: list[list[str]] | None = None,
+    *,
+    method_of: str = "",
 ) -> tuple[str, GoSnippet]:
     """The shared part (constants, features, pdiv) and the expression functions, for one file.
 
-    Returns (declarations, functions); ``functions.uses_math`` covers both.
+    Returns (declarations, functions); ``functions.uses_math`` covers both. With
+    METHOD_OF (a type name, e.g. ``Model``) the functions are methods reading the
+    constants from ``m.c`` and the kernels from ``m.k``, both set at construction
+    (``translate_go.blis_deployment``): no constants or tables are baked in.
     """
     docs = docs or [None] * len(exprs)
-    funcs = [step_function_source(n, e, docs[i]) for i, (n, e) in enumerate(zip(func_names, exprs, strict=False))]
+    options = {}
+    if method_of:
+        options = {
+            "constants": {c: f"m.c.{CONSTANT_GO_NAMES[c]}" for c in CONSTANT_UNITS},
+            "receiver": f"(m *{method_of})",
+            "kernel_prefix": "m.k.",
+        }
+    funcs = [
+        step_function_source(n, e, docs[i], **options) for i, (n, e) in enumerate(zip(func_names, exprs, strict=False))
+    ]
     prims = sorted({p for f in funcs for p in f.extra["primitives"]}, key=[p.name for p in PRIMITIVES].index)
     feats = required_features(prims)
     consts = required_constants(prims)
     feat_src = features_source(feats)
-    const_src = constants_source(deployment, consts)
+    const_src = constants_source(deployment, consts) if not method_of else GoSnippet("")
     uses_pdiv = any(f.uses_pdiv for f in funcs)
     kernels = sorted({k for f in funcs for k in f.extra["kernels"]})
-    kernel_src = kernels_source(deployment, kernels)
+    kernel_src = kernels_source(deployment, kernels) if not method_of else ""
     pdiv_src = OPERATORS["pdiv"].go_helper if uses_pdiv else ""
     parts = [s for s in (const_src.text, feat_src.text, kernel_src, pdiv_src) if s]
     functions = GoSnippet(
         "\n".join(f.text for f in funcs),
         uses_math=any(f.uses_math for f in funcs) or feat_src.uses_math or uses_pdiv or bool(kernels),
         uses_pdiv=uses_pdiv,
-        extra={"primitives": prims, "features": feats, "constants": consts},
+        extra={"primitives": prims, "features": feats, "constants": consts, "kernels": kernels},
     )
     return "\n".join(parts), functions
 
@@ -281,6 +314,7 @@ __all__ = [
     "constants_source",
     "expression_primitives",
     "features_source",
+    "format_statement",
     "program_sources",
     "required_constants",
     "required_features",

@@ -10,7 +10,6 @@ standard library. This module resolves the entry and the deployment and writes t
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import sympy as sp
@@ -26,14 +25,7 @@ from translate_go.gomod import enclosing_go_mod, gomod_source
 from translate_go.model_file import INTERFACES, model_file_source
 from translate_go.non_step import resolve_overheads
 from translate_go.printer import GoPrintError
-
-_GO_IDENT = re.compile(r"^[a-z][a-z0-9_]*$")
-
-
-def check_package_name(package: str) -> str:
-    if not _GO_IDENT.match(package or "") or package in ("main",):
-        raise InputError("package", None, f"expected a lower-case Go package name such as 'steptime', got {package!r}")
-    return package
+from translate_go.targets import check_own_files, check_package_dir, check_package_name
 
 
 def parse_entry_expression(entry: ArchiveEntry) -> sp.Expr:
@@ -66,7 +58,7 @@ def export_go(
     deployment: Deployment | None,
     out_dir: str | Path,
     package: str = "steptime",
-    interface: str = "seed",
+    interface: str = "blis",
     n_golden: int = 1000,
     seed: int = 0,
     expr: sp.Expr | None = None,
@@ -93,6 +85,9 @@ def export_go(
         raise InputError(f"archive entry {entry.id}", "expression", str(exc)) from None
     test_src = golden_test_source(expr, deployment, package, interface, overheads, int(n_golden), int(seed))
     out = Path(out_dir)
+    targets = [out / "step_time.go", out / "step_time_test.go"]
+    check_own_files(targets)
+    check_package_dir(out, package, targets)
     out.mkdir(parents=True, exist_ok=True)
     written = [
         atomic_write_text(out / "step_time.go", model_src),
@@ -103,4 +98,12 @@ def export_go(
     return written
 
 
-__all__ = ["INTERFACES", "check_package_name", "default_deployment", "export_go", "parse_entry_expression"]
+__all__ = [
+    "INTERFACES",
+    "check_own_files",
+    "check_package_dir",
+    "check_package_name",
+    "default_deployment",
+    "export_go",
+    "parse_entry_expression",
+]

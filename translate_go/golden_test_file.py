@@ -32,13 +32,16 @@ from translate_go.non_step import non_step_go_names
 from translate_go.printer import go_float_literal
 
 QUEUE_TEST_INPUT_TOKENS = 1000  # prompt length the QueueingTime test case uses
+STANDALONE_MODEL_HELPER = """// goldenModel is the model under test (its constants are baked in).
+func goldenModel(testing.TB) *Model { return NewModel() }
+"""
 
 
 def _method_rows(interface: str, overheads: dict[str, float]) -> str:
     """The TestOverheads cases: each non-step method and the value Python expects."""
     expected = [
         (
-            f"QueueingTime(&Request{{InputTokens: make([]int, {QUEUE_TEST_INPUT_TOKENS})}})",
+            f"QueueingTime(&Request{{InputTokens: goldenTokens[:{QUEUE_TEST_INPUT_TOKENS}]}})",
             round_overhead_us(
                 overheads["queueing_base_us"] + overheads["queueing_per_input_token_us"] * QUEUE_TEST_INPUT_TOKENS
             ),
@@ -77,8 +80,17 @@ def golden_test_source(
     overheads: dict[str, float],
     n_golden: int,
     seed: int,
+    *,
+    model_helpers: str = STANDALONE_MODEL_HELPER,
+    step_us: str = "stepTimeUs",
+    imports: tuple[str, ...] | str = ("math", "testing"),
 ) -> str:
-    """The text of step_time_test.go: golden vectors from Python, overheads, benchmark."""
+    """The text of step_time_test.go: golden vectors from Python, overheads, benchmark.
+
+    MODEL_HELPERS defines ``goldenModel(testing.TB)`` (and anything else the caller's
+    tests need); STEP_US is the unrounded step-time function of ``m``; IMPORTS the
+    package names or the import declaration itself.
+    """
     batches = random_batches(n_golden, seed)
     want_us = python_step_time_us(expr, deployment, batches)
     empty_us = float(python_step_time_us(expr, deployment, [np.zeros((0, 4), dtype=np.int64)])[0])
@@ -90,7 +102,9 @@ def golden_test_source(
     return render_template(
         "step_time_test.go.tmpl",
         package=package,
-        imports=go_imports(["math", "testing"]),
+        imports=imports if isinstance(imports, str) else go_imports(list(imports)),
+        model_helpers=model_helpers,
+        step_us=step_us,
         n_golden=n_golden,
         max_batch=MAX_BATCH,
         max_model_len=MAX_MODEL_LEN,

@@ -104,6 +104,7 @@ class GoCodePrinter(C99CodePrinter):
         self.uses_math = False
         self.uses_pdiv = False
         self.kernels: set[str] = set()  # measured-kernel lookups called (translate_go.kernels)
+        self.kernel_prefix = ""  # e.g. "m.k." when the lookups are methods of the model's tables
 
     def parenthesize(self, item, level, strict=False):
         # Non-negative numbers print as one float literal: never wrap them ("(0.5)*x").
@@ -273,7 +274,7 @@ class GoCodePrinter(C99CodePrinter):
         if name in KERNEL_ARITY:
             self.kernels.add(name)
             self.uses_math = True
-            return f"{go_camel(name)}({', '.join(self._print(a) for a in expr.args)})"
+            return f"{self.kernel_prefix}{go_camel(name)}({', '.join(self._print(a) for a in expr.args)})"
         raise GoPrintError(f"function {expr.func.__name__}() has no Go translation")
 
     def _print_not_supported(self, expr):

