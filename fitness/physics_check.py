@@ -2,8 +2,9 @@
 
 ``archive show`` and the results tables read these: each term of the expression is an
 efficiency term (a time in µs; its coefficient says how much slower than the ideal or
-measured-kernel time the work runs), a count term (µs per request, per layer, ...), or a
-negative time (a µs part with a negative coefficient, which no physical cost has).
+measured-kernel time the work runs), a count term (µs per request, per layer, ...), a
+negative time (a µs part with a negative coefficient, which no physical cost has) or a
+mixed time (a time combined with counts; ``fitness.scoring.term_kind``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 import numpy as np
 
 from fitness.physics_probes import PhysicsProbes, monotone
-from fitness.scoring import DEFAULT_EFFICIENCY_BOUNDS, term_physics
+from fitness.scoring import DEFAULT_EFFICIENCY_BOUNDS, term_kind
 from fitness.validate import split_terms
 from primitives.deployment import Deployment
 from primitives.language import evaluate_expr, parse_infix, to_infix
@@ -24,8 +25,7 @@ def term_efficiencies(expression: str, bounds: tuple[float, float] = DEFAULT_EFF
     _, terms, coefs = split_terms(parse_infix(expression))
     rows = []
     for term, coef in zip(terms, coefs, strict=True):
-        physics = term_physics(term)
-        kind = "efficiency" if physics else ("count" if physics is False else "negative time")
+        kind = term_kind(term)
         if coef < 0 and kind == "efficiency":
             kind = "negative time"
         on = None

@@ -27,7 +27,7 @@ from fitness.physics_probes import PhysicsProbes
 from fitness.replay_rows import REPLAY_METRICS, ReplayRows
 from fitness.sim.latency_model import FITTED_NON_STEP_NAMES, full_non_step_terms
 from primitives.language import Program, additive_terms, canonical, evaluate_program, program_to_sympy
-from primitives.units import is_efficiency_term
+from primitives.units import involves_time, is_efficiency_term
 
 WORST = 1e9  # the score of a candidate that produced NaN/inf or fitted nothing
 
@@ -248,7 +248,7 @@ def score_program(program: Program, ctx: FitnessContext, detail: bool = False, f
     """
     terms = additive_terms(program)
     physics = [_term_physics(canonical(t), t) for t in terms]
-    if any(p is None for p in physics):  # a µs term that subtracts time: a negative efficiency
+    if any(p is None for p in physics):  # a negative or mixed time (term_kind)
         return _worst(program)
     evaluator = FusedTerms(terms) if fused else [partial(_program_term, t) for t in terms]
     score = fit_terms(evaluator, ctx, detail, [len(t) for t in terms], [bool(p) for p in physics])
@@ -260,19 +260,30 @@ def score_program(program: Program, ctx: FitnessContext, detail: bool = False, f
 
 @lru_cache(maxsize=65536)
 def _term_physics(key: str, term: Program) -> bool | None:
-    """True for an efficiency (µs) term, False for a count term, None for a µs term with a
-    negative part (``a - b`` of two times is a negative efficiency on b)."""
+    """``term_physics`` of a candidate's term (memoised by its canonical form)."""
     return term_physics(program_to_sympy(term))
 
 
-def term_physics(expr: sp.Expr) -> bool | None:
+def term_kind(expr: sp.Expr) -> str:
+    """``efficiency`` (a time in µs: its coefficient is an efficiency factor), ``count`` (no
+    time in it: µs per request, layer, ...), ``negative time`` (a time term with a negative
+    part: ``a - b`` of two times is a negative efficiency on b) or ``mixed time`` (a time
+    combined with counts into something that is not a time, e.g. ``kv_io_time_us -
+    num_prefill_reqs`` or ``gemm_time_us*tp``: its coefficient has no physical meaning, and
+    as a count it would escape the efficiency bounds)."""
     if not is_efficiency_term(expr):
-        return False
+        return "mixed time" if involves_time(expr) else "count"
     for part in sp.Add.make_args(sp.expand(expr)):
         coef, rest = part.as_coeff_Mul()
         if coef < 0 and is_efficiency_term(rest):
-            return None
-    return True
+            return "negative time"
+    return "efficiency"
+
+
+def term_physics(expr: sp.Expr) -> bool | None:
+    """True for an efficiency term, False for a count term, None for a term that scores worst
+    (a negative or mixed time: ``term_kind``)."""
+    return {"efficiency": True, "count": False}.get(term_kind(expr))
 
 
 def _program_term(term: Program, columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:

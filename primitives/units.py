@@ -87,4 +87,11 @@ def is_efficiency_term(expr: sp.Expr) -> bool:
     return term_unit(expr) == MICROSECONDS
 
 
-__all__ = ["DIMENSIONLESS", "MICROSECONDS", "is_efficiency_term", "term_unit"]
+def involves_time(expr: sp.Expr) -> bool:
+    """Whether the term contains a primitive measured in µs."""
+    return any(
+        (p := PRIMITIVE_BY_NAME.get(s.name)) is not None and p.unit == "us" for s in sp.sympify(expr).free_symbols
+    )
+
+
+__all__ = ["DIMENSIONLESS", "MICROSECONDS", "involves_time", "is_efficiency_term", "term_unit"]

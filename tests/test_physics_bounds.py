@@ -65,12 +65,12 @@ def test_a_term_that_subtracts_time_scores_worst():
 
 
 def test_models_faster_under_more_work_score_worst():
-    # data with a term that falls as KV grows: pdiv(batch, kv_io) fits it, but is faster with more work
+    # data with a term that falls as KV grows: pdiv(batch, kv) fits it, but is faster with more work
     table = planted_table(noise=0.0)
     cols = table.columns
-    table.cycle_time_us = table.cycle_time_us + 2e5 * cols["batch_size"] / cols["kv_io_time_us"]
+    table.cycle_time_us = table.cycle_time_us + 2e7 * cols["batch_size"] / cols["kv_tokens"]
     probes = PhysicsProbes.build(table.deployments, table.primitive_names, floor_fraction=1e-9)  # monotone only
-    bad = (OP("add"), V("weight_time_us"), OP("pdiv"), V("batch_size"), V("kv_io_time_us"))
+    bad = (OP("add"), V("weight_time_us"), OP("pdiv"), V("batch_size"), V("kv_tokens"))
     unchecked = score_program(bad, FitnessContext(table))
     assert unchecked.ok and unchecked.coefficients[1] > 0
     assert not score_program(bad, FitnessContext(table, probes=probes)).ok
@@ -117,3 +117,20 @@ def test_shared_prefixes_count_once_in_blocks_and_per_request_in_kv_tokens():
     busy = kv > 0
     assert (traj.step_kv_block_tokens[busy] < kv[busy]).any()  # sharing: fewer distinct tokens
     assert kv_sharing_factor(traj) > 1.2
+
+
+@pytest.mark.parametrize(
+    "text", ["kv_io_time_us - num_prefill_reqs", "gemm_time_us*tp", "pdiv(num_prefill_reqs, kv_io_time_us)"]
+)
+def test_a_time_mixed_with_counts_scores_worst(text):
+    # its coefficient is no efficiency, and as a count it would escape the efficiency bounds
+    from fitness.scoring import term_kind
+    from primitives.language import parse_infix
+
+    assert term_kind(parse_infix(text)) == "mixed time"
+    if "-" not in text:  # an archived expression is expanded: a difference shows as two terms
+        rows = term_efficiencies(f"100 + 1.2*weight_time_us + 0.4*{text}")
+        assert sorted(r["kind"] for r in rows) == ["efficiency", "mixed time"]
+    table = planted_table(noise=0.0)
+    prog = (OP("add"), V("weight_time_us"), OP("mul"), V("gemm_time_us"), V("tp"))
+    assert not score_program(prog, FitnessContext(table)).ok

@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-GENERATIONS = 10
+GENERATIONS = 40  # long enough that a kill lands before the end (a generation takes ~25 ms)
 POPULATION = 60
 SEED = 7
 
