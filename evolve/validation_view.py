@@ -165,8 +165,6 @@ def summary_table(summary: dict, title: str = "Summary: |error| of the experimen
 
 def print_validation(console, result: dict, title: str) -> None:
     """Every table of a validation (the per-held-out-group summaries too) and the plot's path."""
-    from evolve.report import rows_table
-
     console.print(means_table(result, f"{title}: means, predicted / observed"))
     console.print(errors_table(result, f"{title}: errors, predicted / observed - 1"))
     if result.get("ranking"):
@@ -177,7 +175,7 @@ def print_validation(console, result: dict, title: str) -> None:
             console.print(f"{item['name']}: no request succeeded: {item['no_success']}", markup=False, soft_wrap=True)
     for key, groups in result.get("summary", {}).items():  # per held-out model or workload
         if isinstance(groups, dict):
-            console.print(rows_table([{"name": g, **v} for g, v in groups.items()], title=f"per held-out {key[:-1]}"))
+            console.print(held_out_table(groups, key[:-1]))
     if result.get("plot"):
         console.print(f"plot: {result['plot']}", markup=False, highlight=False, soft_wrap=True)
 
@@ -248,3 +246,22 @@ def plot_predicted_vs_observed(items: list[dict], path: Path, title: str) -> Pat
     plt.close(fig)
     path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_bytes(path, buf.getvalue())
+
+
+HELD_OUT_COLUMNS = {  # the mean latencies' errors: every statistic is in the JSON, this fits 80 columns
+    "e2e_error_mean": "E2E",
+    "e2e_error_max": "E2E max",
+    "ttft_error_mean": "TTFT",
+    "ttft_error_max": "TTFT max",
+    "itl_error_mean": "ITL",
+    "itl_error_max": "ITL max",
+}
+
+
+def held_out_table(groups: dict, what: str):
+    """Per held-out model or workload: mean and worst |error| of the mean E2E, TTFT and ITL."""
+    from evolve.report import fmt_fraction, rows_table
+
+    pct = lambda x: fmt_fraction(x) if isinstance(x, (int, float)) else "-"  # noqa: E731
+    rows = [{what: g, **{label: pct(v.get(k)) for k, label in HELD_OUT_COLUMNS.items()}} for g, v in groups.items()]
+    return rows_table(rows, title=f"per held-out {what}: |error| of the means (all statistics: --json)")
