@@ -19,6 +19,8 @@ import math
 import numpy as np
 from numba import njit
 
+OFFSET_1D, OFFSET_2D = 3, 6  # where a parameter vector holds its values' offset
+
 
 @njit(cache=True)
 def grid_position(start, step, count, x):
@@ -41,7 +43,7 @@ def lookup1(p, values, x):
     if not x > 0:
         return 0.0
     i, t = grid_position(p[0], p[1], p[2], x)
-    o = int(p[3])
+    o = int(p[OFFSET_1D])
     return np.exp2(values[o + i] * (1 - t) + values[o + i + 1] * t)
 
 
@@ -52,7 +54,7 @@ def lookup2(p, values, x, y):
         return 0.0
     i, s = grid_position(p[0], p[1], p[2], x)
     j, t = grid_position(p[3], p[4], p[5], y)
-    o, m = int(p[6]), int(p[5])
+    o, m = int(p[OFFSET_2D]), int(p[5])
     z00, z01 = values[o + i * m + j], values[o + i * m + j + 1]
     z10, z11 = values[o + (i + 1) * m + j], values[o + (i + 1) * m + j + 1]
     v = (z00 * (1 - t) + z01 * t) * (1 - s) + (z10 * (1 - t) + z11 * t) * s

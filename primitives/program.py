@@ -25,6 +25,7 @@ import numpy as np
 
 from .compute import _per_request_fn, _phase_fn, _primitive_parts
 from .kernels import Table1D, Table2D
+from .lookup import OFFSET_1D, OFFSET_2D
 from .registry import CONSTANT_UNITS, FEATURE_BY_NAME, PRIMITIVE_BY_NAME, REQUEST_FIELDS
 
 # opcodes (shared with primitives.program_eval)
@@ -185,16 +186,15 @@ def _pack_kernels(tables: list) -> tuple[KernelPack, dict[int, tuple[int, int]]]
     for t in tables:
         if id(t) in index:
             continue
-        if isinstance(t, Table1D):
-            index[id(t)] = (KERNEL1, len(p1))
-            p1.append([t.grid.start, t.grid.step, t.grid.count, sum(len(v) for v in v1)])
-            v1.append(np.asarray(t.log2_us, dtype=np.float64))
-        elif isinstance(t, Table2D):
-            index[id(t)] = (KERNEL2, len(p2))
-            z = np.asarray(t.log2_us, dtype=np.float64)
-            g, h = t.x_grid, t.y_grid
-            p2.append([g.start, g.step, g.count, h.start, h.step, h.count, sum(len(v) for v in v2), 0.0])
-            v2.append(z.ravel())
+        if isinstance(t, (Table1D, Table2D)):  # their own parameter vectors, offset into the packed values
+            one = isinstance(t, Table1D)
+            params, values = t.packed
+            ps, vs = (p1, v1) if one else (p2, v2)
+            params = params.copy()
+            params[OFFSET_1D if one else OFFSET_2D] = sum(len(v) for v in vs)
+            index[id(t)] = (KERNEL1 if one else KERNEL2, len(ps))
+            ps.append(params)
+            vs.append(values)
         else:
             raise Unsupported(f"kernel lookup of type {type(t).__name__}")
     cat = lambda vs: np.concatenate(vs) if vs else np.zeros(1)  # noqa: E731

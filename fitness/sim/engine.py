@@ -105,6 +105,8 @@ def step_program_of(model: LatencyModel, required: bool = False) -> StepProgram 
 class LoopOutcome:
     """What one closed loop leaves behind, whichever engine ran it (``measure`` turns it into a result)."""
 
+    prompt_len: np.ndarray  # per request: its inputs (``_request_inputs``)
+    queueing_us: np.ndarray
     send_us: np.ndarray
     enqueue_us: np.ndarray
     stage_start_us: np.ndarray
@@ -172,7 +174,7 @@ def _compiled_outcome(spec, model, load: LoadPlan, kv_total: int, record: bool, 
         program_arrays(program),
     )
     return LoopOutcome(
-        *out[7:10], *out[:7], *out[10:18],
+        prompt_len, queue_us, *out[7:10], *out[:7], *out[10:18],
         batch=list(out[18:23]) if record else None,
         token_log=(out[23], out[24]) if distributions else None,
         total_preemptions=int(out[25]), kv_free_blocks=int(out[26]), kv_held_blocks=int(out[27]),
@@ -184,7 +186,6 @@ class _ClosedLoop:
 
     def __init__(self, spec: ExperimentSpec, model: LatencyModel, load: LoadPlan, kv_total: int, record: bool):
         self.load = load
-        self.kv_total = kv_total
         self.record = record
         self.sched_us = float(model.scheduling_processing_us)
         self.preempt_us = float(model.preemption_processing_us)
@@ -299,7 +300,7 @@ class _ClosedLoop:
             req_of = np.concatenate([r for _, r in log]) if log else np.zeros(0, dtype=np.int64)
             token_log = (step_of, req_of)
         return LoopOutcome(
-            self.send_us, self.enq_us, self.stage_start,
+            self.req_L, self.q_us, self.send_us, self.enq_us, self.stage_start,
             sched.status, sched.out_tok, sched.admit_step, sched.first_step, sched.last_step, sched.n_preempt,
             sched.hit_tokens,
             np.array(steps.start, dtype=np.float64), np.array(steps.time, dtype=np.float64),
@@ -319,7 +320,7 @@ class _ClosedLoop:
 def measure(name: str, load: LoadPlan, model: LatencyModel, kv_total: int, run: LoopOutcome) -> SimResult:
     """Client-side measurement of a closed loop's outcome, and its recording."""
     n = load.num_requests
-    prompt_len, queue_us = _request_inputs(load, model)
+    prompt_len, queue_us = run.prompt_len, run.queueing_us
     otp_us, gap_us = float(model.output_token_processing_us), float(model.event_gap_us)
     start, cyc, next_contig, out_us = _step_timeline(run.step_start_us, run.step_cycle_us, run.step_follows, otp_us)
     n_steps = len(start)
