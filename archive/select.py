@@ -8,7 +8,8 @@ The rule (``recommend``), in the order it is applied:
    optimistic near saturation.
 
 1. **Error to compare.** Each entry's error is the worst of the errors it was scored
-   on: ``max(step_mape, e2e_error_max, ttft_error_max, itl_error_max, failure_error_max)`` (the ``_max``
+   on: ``max(step_mape, e2e_error_max, ttft_error_max, itl_error_max, failure_error_max,
+   transfer_error)`` (the ``_max``
    latency errors are the worst experiment's; where an entry has only the mean,
    ``e2e_error`` etc., that is used), using only those of the objectives that
    *every* candidate carries (so a model is never preferred just
@@ -43,7 +44,9 @@ from dataclasses import dataclass
 from archive.entry import ArchiveEntry
 
 # failure_error: the closed loop's miss of the failed fraction of requests (a fraction, like the others)
-ERROR_OBJECTIVES = ("step_mape", "e2e_error", "ttft_error", "itl_error", "failure_error")
+# transfer_error: the worst held-out error when refitted without a workload, model or
+# high-rate stage (``evolve.validation.transfer_errors``; closed-loop-checked entries only)
+ERROR_OBJECTIVES = ("step_mape", "e2e_error", "ttft_error", "itl_error", "failure_error", "transfer_error")
 ACCURACY_GATE = 1.25  # eligible: error <= ACCURACY_GATE * lowest error on the front
 _ERROR_FLOOR = 1e-12
 _SCORE_TIE = 1e-9  # relative

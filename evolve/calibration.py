@@ -207,13 +207,19 @@ def build_replay_rows(
     return rows_from(trajectories(specs, resolver, models, names, seed, jobs))
 
 
+def record_rows(
+    specs: list[ExperimentSpec], resolver: DeploymentResolver, entry, names: list[str], seed: int, jobs: int
+) -> ReplayRows:
+    """Rows of these experiments, recorded with a model (expression and overheads) driving the closed loop."""
+    models = [ExpressionLatencyModel.from_entry(entry, resolver.resolve_experiment(s)) for s in specs]
+    return rows_from(trajectories(specs, resolver, models, names, seed, jobs))
+
+
 def refresh_replay_rows(
     experiments_dir: Path, resolver: DeploymentResolver, entry, names: list[str], seed: int, jobs: int
 ) -> ReplayRows:
-    """Rows re-recorded with an archived model (anything with expression and overheads) driving the closed loop."""
-    specs = scored_experiments(Path(experiments_dir))
-    models = [ExpressionLatencyModel.from_entry(entry, resolver.resolve_experiment(s)) for s in specs]
-    return rows_from(trajectories(specs, resolver, models, names, seed, jobs))
+    """Rows of every experiment with results, re-recorded with an archived model (``record_rows``)."""
+    return record_rows(scored_experiments(Path(experiments_dir)), resolver, entry, names, seed, jobs)
 
 
 # --- the search's side: which model records, and when ---------------------------------

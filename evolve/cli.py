@@ -291,7 +291,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     what += " (and the BLIS blackbox baseline's)" if with_baseline else ""
     with console.status(f"{entry.id}: {what} of every experiment under {args.experiments} ..."):
         result = validate_entry(
-            entry, str(args.experiments), args.mode, resolver, baseline=with_baseline, plot_dir=report_dir
+            entry,
+            str(args.experiments),
+            args.mode,
+            resolver,
+            baseline=with_baseline,
+            plot_dir=report_dir,
+            refit_rounds=args.refit_rounds,
         )
     if args.json:
         mode = {"mode": args.mode or "closed-loop", "lomo": args.mode == "lomo"}

@@ -11,7 +11,7 @@ import math
 import sys
 from typing import Callable, NoReturn
 
-from evolve.config import BOUNDS_HELP, parse_bounds
+from evolve.config import BOUNDS_HELP, REFIT_ROUNDS, parse_bounds
 from evolve.resume import MAX_SEED
 
 PROG = "python -m evolve"
@@ -42,6 +42,7 @@ def _number_arg(kind: type, ok: Callable[[float], bool], expected: str, what: st
 
 
 _positive_int = _number_arg(int, lambda v: v >= 1, "a number >= 1")
+_nonnegative_int = _number_arg(int, lambda v: v >= 0, "a number >= 0")
 _jobs = _number_arg(int, lambda v: v >= 1 or v == -1, "a number >= 1 (or -1 for every core)")
 _seed = _number_arg(int, lambda v: 0 <= v <= MAX_SEED, f"a seed in 0..{MAX_SEED}")
 _positive_float = _number_arg(
@@ -133,6 +134,13 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
         ("--stage-transfer", "refit on the low-rate load stages, validate the high-rate ones"),
     ]:
         transfer.add_argument(flag, dest="mode", action="store_const", const=flag[2:], help=help)
+    p.add_argument(
+        "--refit-rounds",
+        type=_nonnegative_int,
+        default=REFIT_ROUNDS,
+        metavar="N",
+        help=f"transfer checks: re-record each fold's training runs with its refit N times (default: {REFIT_ROUNDS})",
+    )
     p.add_argument("--baseline", action="store_true", help="also fit and run the BLIS blackbox baseline (slow)")
     p.add_argument("--report", metavar="DIR", help="write a self-contained HTML report there (implies --baseline)")
 

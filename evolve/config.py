@@ -30,8 +30,8 @@ class RunConfig:
     replay_weight: float = 1.0  # one replayed metric row against one experiment's step rows
     calibration_rounds: int = 1  # closed-loop refits of the reference trajectories before the search
     refresh_every: int = 0  # generations between trajectory refreshes; 0 = a third of the run
-    efficiency_bounds: list[float] = field(default_factory=lambda: [0.5, 4.0])  # a µs term's coefficient
-    closed_loop_checks: int = 6  # front entries validated in the closed loop at the end of a replay run
+    efficiency_bounds: list[float] = field(default_factory=lambda: [1.0, 4.0])  # a µs term's coefficient
+    closed_loop_checks: int = 12  # front entries validated in the closed loop at the end of a replay run
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -41,7 +41,9 @@ class RunConfig:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
-BOUNDS_HELP = "interval of a µs term's fitted efficiency (default 0.5,4)"
+REFIT_ROUNDS = 2  # validate's transfer checks: re-recordings of each fold's training runs (evolve.validation)
+
+BOUNDS_HELP = "interval of a µs term's fitted efficiency (default 1,4)"
 
 
 def parse_bounds(text: str) -> tuple[float, float]:

@@ -266,7 +266,15 @@ def _search(
         try:
             with time_limit_alarm(termination.remaining_s(), "the final closed-loop check"):
                 checked = closed_loop_check(
-                    entries, config.closed_loop_checks, Path(config.experiments), resolver, config.seed, config.jobs, ui
+                    entries,
+                    config.closed_loop_checks,
+                    Path(config.experiments),
+                    resolver,
+                    config.seed,
+                    config.jobs,
+                    ui,
+                    rows=search.ctx.replay,
+                    bounds=tuple(config.efficiency_bounds),
                 )
         except TimeLimitReached:  # the front stays as the search scored it
             ui.log("time limit reached during the final closed-loop check; the front keeps the search's scores")

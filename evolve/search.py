@@ -44,10 +44,16 @@ class SearchState:
     replay_model: tuple[str, dict] | None = None
 
 
+# What the search minimises: step error, replay error, how the constants transfer
+# (``fitness.transfer``: with replayed experiments of two or more workloads or models), size.
+OBJECTIVE_NAMES = {
+    True: ("train_error", "replay_error", "transfer_error", "complexity"),
+    False: ("train_error", "complexity"),
+}
+
+
 def objectives_of(score: Score, with_replay: bool) -> tuple[float, ...]:
-    if with_replay:
-        return (score.train_error, score.replay_error, float(score.complexity))
-    return (score.train_error, float(score.complexity))
+    return tuple(float(getattr(score, name)) for name in OBJECTIVE_NAMES[with_replay])
 
 
 def search_error(score: Score) -> float:
@@ -80,7 +86,7 @@ class Search:
         self.names = primitive_names
         self.evaluator = evaluator
         self.with_replay = ctx.replay is not None
-        self.Individual = individual_class(3 if self.with_replay else 2)
+        self.Individual = individual_class(len(OBJECTIVE_NAMES[self.with_replay]))
         self.pset = build_pset(primitive_names)
         self.toolbox = make_toolbox(self.pset, config.max_depth, config.max_size)
         self.state = SearchState()

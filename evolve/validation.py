@@ -9,8 +9,9 @@ blackbox baseline when asked (``evolve.baseline``).
 Transfer checks refit the expression's constants on part of the data and validate on
 the rest, in the closed loop. The expression's structure is kept; only its coefficients,
 intercept and overheads are refitted (the same least squares as the search,
-``fitness.validate.refit``), on replay rows recorded once with the entry itself
-(teacher forcing). One function (``_transfer``) runs every check; a check is a list of
+``fitness.validate.refit``), on replay rows recorded with the entry itself (teacher
+forcing), then ``REFIT_ROUNDS`` times on rows the refitted model re-records of the
+training experiments (``refit_fold``). One function (``_transfer``) runs every check; a check is a list of
 folds, each naming the replay rows it fits on and the experiments (or stages) it reports:
 
 * ``lomo``: leave one model out, for each model in turn;
@@ -27,18 +28,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
 
 from archive.rundir import RunDir
 from evolve.baseline import blackbox_baseline
-from evolve.calibration import refresh_replay_rows, scored_experiments
+from evolve.calibration import record_rows, scored_experiments
+from evolve.config import REFIT_ROUNDS
 from evolve.validation_view import VALIDATE_MODES as MODES
 from evolve.validation_view import plot_predicted_vs_observed
 from fitness.ranking import ranking_check
 from fitness.replay_rows import REPLAY_METRICS
-from fitness.scoring import error_stats, run_efficiency_bounds
+from fitness.scoring import DEFAULT_EFFICIENCY_BOUNDS, error_stats, run_efficiency_bounds
+from fitness.sim.loadgen import NoSuccessfulRequest
+from fitness.transfer import TRANSFER_ERROR_CAP, experiment_error
 from fitness.validate import closed_loop_items, default_jobs, refit, split_terms, summarise
 from primitives.data.experiments import ExperimentSpec, find_experiments
 from primitives.deployment import DeploymentResolver
@@ -63,6 +68,7 @@ def validate_entry(
     seed: int = 0,
     baseline: bool = False,
     plot_dir: Path | None = None,
+    refit_rounds: int = REFIT_ROUNDS,
 ) -> dict:
     """Closed-loop validation of an entry (``mode`` None), or one of the transfer checks (``MODES``).
 
@@ -77,7 +83,7 @@ def validate_entry(
     if not specs:
         raise InputError(experiments_dir, None, "no experiment directories (with exp-config.yaml) found here")
     if mode is not None:
-        return _transfer(entry, experiments_dir, mode, resolver, jobs, seed, plot_dir)
+        return _transfer(entry, experiments_dir, mode, resolver, jobs, seed, plot_dir, refit_rounds)
     items = closed_loop_items(specs, resolver, entry.expression, entry.overheads, seed, jobs)
     plot = plot_predicted_vs_observed(items, _plot_path(entry, "", plot_dir), f"{entry.id}: closed-loop validation")
     base = blackbox_baseline(experiments_dir, resolver, seed, jobs) if baseline else None
@@ -160,23 +166,60 @@ def transfer_folds(mode: str, scored: list[ExperimentSpec], resolver: Deployment
     return "stage", [fold]
 
 
-def _transfer(entry, experiments_dir: Path, mode: str, resolver, jobs, seed, plot_dir=None) -> dict:
-    scored = scored_experiments(experiments_dir)
-    kind, folds = transfer_folds(mode, scored, resolver)
-    _, terms, _ = split_terms(parse_infix(entry.expression))
-    names = sorted({s.name for t in terms for s in t.free_symbols})
-    # trajectories recorded with the entry itself; every refit reuses them (teacher forcing)
-    rows = refresh_replay_rows(experiments_dir, resolver, entry, names or ["batch_size"], seed, jobs or default_jobs())
+Rerecord = Callable[[str, dict, list[str]], "object"]  # (expression, overheads, experiment names) -> rows
+
+
+def refit_fold(fold: Fold, terms: list, rows, bounds, rounds: int = 0, rerecord: Rerecord | None = None):
+    """(expression, overheads) refitted on the fold's rows of ``rows``, or None.
+
+    The rows are first-order forms around the batches of the model that recorded them, and
+    a refit that moves the constants far from it (a held-out workload or model can move them
+    a lot) is judged on batches it would not have made. ``rounds`` times, the refitted model
+    re-records the fold's training experiments (``rerecord``) and the constants are refitted
+    on its own batches, as the search's calibration does. A round whose model serves none
+    of a training experiment's requests keeps the previous refit.
+    """
+    keep = lambda rp: lambda e, label: fold.keep(rp.names[e], label)  # noqa: E731
+    fitted = refit(terms, rows, keep(rows), bounds)
+    for _ in range(rounds if rerecord is not None else 0):
+        if fitted is None:
+            break
+        training = sorted({n for e, n in enumerate(rows.names) if any(fold.keep(n, lab) for lab in rows.labels[e])})
+        try:
+            again = rerecord(*fitted, training)
+        except NoSuccessfulRequest:
+            break
+        fitted = refit(terms, again, keep(again), bounds) or fitted
+    return fitted
+
+
+def transfer_items(
+    terms: list,
+    rows,
+    folds: list[Fold],
+    kind: str,
+    resolver,
+    seed: int,
+    jobs,
+    bounds,
+    tails: bool = True,
+    rounds: int = 0,
+    rerecord: Rerecord | None = None,
+) -> tuple[list[dict], dict[str, dict]]:
+    """Refit the terms' constants on each fold's rows (``refit_fold``), simulate its held-out experiments.
+
+    Returns the reported items (each with ``held_out_<kind>`` and the refitted model) and
+    the summary per fold. A fold whose rows cannot be refitted raises ``InputError``.
+    """
     items: list[dict] = []
     per_group: dict[str, dict] = {}
     for fold in folds:
-        keep = lambda e, label, fold=fold: fold.keep(rows.names[e], label)  # noqa: E731
-        fitted = refit(terms, rows, keep, run_efficiency_bounds(entry.run_config))
+        fitted = refit_fold(fold, terms, rows, bounds, rounds, rerecord)
         if fitted is None:
-            raise InputError(entry.id, "expression", f"could not refit its constants without the {fold.held}")
+            raise InputError("expression", None, f"could not refit its constants without the {fold.held}")
         expression, overheads = fitted
         got = []
-        for it in closed_loop_items(fold.specs, resolver, expression, overheads, seed, jobs):
+        for it in closed_loop_items(fold.specs, resolver, expression, overheads, seed, jobs, tails=tails):
             for shown in fold.report(it):
                 shown.setdefault(f"held_out_{kind}", fold.held)
                 shown["refit_expression"] = expression
@@ -184,6 +227,32 @@ def _transfer(entry, experiments_dir: Path, mode: str, resolver, jobs, seed, plo
                 got.append(shown)
         items.extend(got)
         per_group[fold.held] = summarise(got)
+    return items, per_group
+
+
+def _transfer(
+    entry, experiments_dir: Path, mode: str, resolver, jobs, seed, plot_dir=None, rounds=REFIT_ROUNDS
+) -> dict:
+    scored = scored_experiments(experiments_dir)
+    kind, folds = transfer_folds(mode, scored, resolver)
+    _, terms, _ = split_terms(parse_infix(entry.expression))
+    names = sorted({s.name for t in terms for s in t.free_symbols}) or ["batch_size"]
+    jobs = jobs or default_jobs()
+    # trajectories recorded with the entry itself; each fold's refit re-records its own (``refit_fold``)
+    rows = record_rows(scored, resolver, entry, names, seed, jobs)
+    by_name = {s.name: s for s in scored}
+
+    def rerecord(expression: str, overheads: dict, training: list[str]):
+        model = SimpleNamespace(expression=expression, overheads=overheads)
+        return record_rows([by_name[n] for n in training], resolver, model, names, seed, jobs)
+
+    bounds = run_efficiency_bounds(entry.run_config)
+    try:
+        items, per_group = transfer_items(
+            terms, rows, folds, kind, resolver, seed, jobs, bounds, True, rounds, rerecord
+        )
+    except InputError as exc:
+        raise InputError(entry.id, "expression", exc.expected) from None
     summary = summarise(items)
     if len(folds) > 1:
         summary[f"{kind}s"] = per_group
@@ -206,20 +275,88 @@ def _transfer(entry, experiments_dir: Path, mode: str, resolver, jobs, seed, plo
     return result
 
 
+TRANSFER_MODES = ("lowo", "stage-transfer", "lomo")
+
+
+def transfer_errors(expression: str, rows, scored, resolver, seed: int, jobs, bounds) -> dict[str, float]:
+    """How the expression holds where its constants were not fitted: the three transfer checks,
+    each fold refitted on ``rows``.
+
+    ``rows`` are the search's replay rows (recorded by its best model) and each fold is
+    refitted once; ``validate --lowo`` records with the entry and re-records each fold's
+    training runs with its refit (``refit_fold``), so its figures differ. A check with
+    fewer than two groups (one model, one workload, no multi-rate experiment) is left out.
+
+    Returns the worst held-out error of each metric (``transfer_<metric>_error_max``) and
+    ``transfer_error``, what model selection compares: the mean over held-out experiments
+    (stages, for the stage check) of the worst of |E2E|, |ITL| and |TTFT| /
+    1.5, each capped at 100% (``fitness.transfer.experiment_error``). The cap keeps one
+    held-out experiment that the refit drives into overload (Llama-2-7B, the only TP1
+    model with full multi-head attention, at 20 req/s) from hiding how the rest transfer.
+    A fold that cannot be refitted scores the cap on every item.
+    """
+    _, terms, _ = split_terms(parse_infix(expression))
+    worst = dict.fromkeys(REPLAY_METRICS, 0.0)
+    capped: list[float] = []
+    for mode in TRANSFER_MODES:
+        try:
+            kind, folds = transfer_folds(mode, scored, resolver)
+        except InputError:  # no experiment with stages at different rates
+            continue
+        if mode != "stage-transfer" and len(folds) < 2:
+            continue
+        try:
+            items, _ = transfer_items(terms, rows, folds, kind, resolver, seed, jobs, bounds, tails=False)
+        except InputError:
+            worst = dict.fromkeys(REPLAY_METRICS, np.inf)
+            capped += [TRANSFER_ERROR_CAP] * sum(len(f.specs) for f in folds)
+            continue
+        for i in items:
+            err = {m: i[f"{m}_error"] for m in REPLAY_METRICS if i.get(f"{m}_error") is not None}
+            if not err:
+                continue
+            for m, v in err.items():
+                worst[m] = max(worst[m], abs(v))
+            capped.append(experiment_error(err))
+    out = {f"transfer_{m}_error_max": float(v) for m, v in worst.items()}
+    if capped:
+        out["transfer_error"] = float(np.mean(capped))
+    return out
+
+
 def closed_loop_check(
-    front: list, limit: int, experiments_dir: Path, resolver: DeploymentResolver, seed: int, jobs: int, ui
+    front: list,
+    limit: int,
+    experiments_dir: Path,
+    resolver: DeploymentResolver,
+    seed: int,
+    jobs: int,
+    ui,
+    rows=None,
+    bounds: tuple[float, float] = DEFAULT_EFFICIENCY_BOUNDS,
 ) -> list:
     """Validate the most promising front entries in the closed loop; returns those checked.
 
     The search's replay errors are first-order estimates around recorded batches; near
     saturation (the 128-slot cap) the closed loop can still depart from them. The
     ``limit`` entries with the lowest estimated replay error (every replayed row, stages
-    included: the stage rows say how latency grows with load) are re-scored on the
+    included: the stage rows say how latency grows with load) plus first-order transfer
+    error (``transfer_error_linear``, ``fitness.transfer``) are re-scored on the
     closed-loop E2E/TTFT/ITL of every experiment with results (the estimates are kept as
     ``*_error_search_estimate``), and ``archive best`` prefers them.
+
+    With the search's replay ``rows``, each is also refitted without each workload, model
+    and high-rate stage and simulated on what was left out (``transfer_errors``): model
+    selection then prefers constants that hold where they were not fitted.
     """
     specs = scored_experiments(experiments_dir)
-    chosen = sorted(front, key=lambda e: (e.objectives.get("replay_error", np.inf), e.complexity))
+    chosen = sorted(
+        front,
+        key=lambda e: (
+            e.objectives.get("replay_error", np.inf) + e.objectives.get("transfer_error_linear", 0.0),
+            e.complexity,
+        ),
+    )
     chosen = chosen[:limit]
     for e in chosen:
         ui.log(f"closed-loop check of {e.id} (complexity {e.complexity}) on {len(specs)} experiments")
@@ -240,6 +377,9 @@ def closed_loop_check(
             e.objectives["failure_error"] = float(np.mean(missed))
             e.objectives["failure_error_max"] = float(np.max(missed))
         e.objectives["closed_loop"] = 1.0
+        if rows is not None:
+            ui.log(f"transfer checks of {e.id}: refitted without each workload, model and high-rate stage")
+            e.objectives.update(transfer_errors(e.expression, rows, specs, resolver, seed, jobs, bounds))
         for i in items:
             e.per_experiment.setdefault(i["name"], {}).update(
                 {f"{m}_error_closed_loop": i[f"{m}_error"] for m in REPLAY_METRICS}

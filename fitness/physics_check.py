@@ -4,7 +4,8 @@
 efficiency term (a time in µs; its coefficient says how much slower than the ideal or
 measured-kernel time the work runs), a count term (µs per request, per layer, ...), a
 negative time (a µs part with a negative coefficient, which no physical cost has) or a
-mixed time (a time combined with counts; ``fitness.scoring.term_kind``).
+mixed time (a time combined with counts) or unpriced work (a count of KV tokens or attention
+pairs; ``fitness.scoring.term_kind``).
 """
 
 from __future__ import annotations

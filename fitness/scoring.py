@@ -18,21 +18,23 @@ from typing import Callable, Mapping
 
 import numpy as np
 import sympy as sp
-from scipy.linalg.lapack import dtrtrs
-from scipy.optimize import lsq_linear, nnls
 
+from fitness.bounded_lsq import bounded_gram
 from fitness.dataset import StepTable
 from fitness.fused import ColumnMatrix, FusedTerms, step_errors
 from fitness.physics_probes import PhysicsProbes
 from fitness.replay_rows import REPLAY_METRICS, ReplayRows
 from fitness.sim.latency_model import FITTED_NON_STEP_NAMES, full_non_step_terms
+from fitness.transfer import held_out_groups, linear_transfer_error
 from primitives.language import Program, additive_terms, canonical, evaluate_program, program_to_sympy
-from primitives.units import involves_time, is_efficiency_term
+from primitives.units import involves_time, involves_unpriced_work, is_efficiency_term
 
 WORST = 1e9  # the score of a candidate that produced NaN/inf or fitted nothing
 
 
-DEFAULT_EFFICIENCY_BOUNDS = (0.5, 4.0)  # a µs term's coefficient: from twice as fast as ideal to 4x slower
+# A µs term's coefficient: its ideal time is a datasheet roofline or a measured kernel, and
+# no step runs its work faster than either, so 1 (ideal) up to 4x slower.
+DEFAULT_EFFICIENCY_BOUNDS = (1.0, 4.0)
 
 
 def run_efficiency_bounds(run_config: Mapping | None) -> tuple[float, float]:
@@ -60,6 +62,7 @@ class Score:
     overheads: dict[str, float] = field(default_factory=dict)
     objectives: dict[str, float] = field(default_factory=dict)
     per_experiment: dict[str, dict[str, float]] = field(default_factory=dict)
+    transfer_error: float = 0.0  # fitness.transfer: first-order error where the constants were not fitted
 
     @property
     def ok(self) -> bool:
@@ -79,7 +82,7 @@ def model_complexity(term_sizes: list[int], coefficients: list[float], intercept
 def _worst(program: Program | None = None) -> Score:
     terms = additive_terms(program) if program is not None else []
     size = len(program) + 2 * len(terms) if program is not None else 1
-    return Score(WORST, WORST, size, terms, [0.0] * len(terms), 0.0)
+    return Score(WORST, WORST, size, terms, [0.0] * len(terms), 0.0, transfer_error=WORST)
 
 
 def _ape(pred: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -145,36 +148,6 @@ def _prep(st: StepTable) -> _StepPrep:
         _PREP.clear()  # one context per process at a time
         _PREP[key] = _StepPrep(st)
     return _PREP[key]
-
-
-def _bounded_gram(G: np.ndarray, h: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray | None:
-    """min ||A x - b||, lower <= x <= upper, from the (k x k) normal equations G = A^T A, h = A^T b.
-
-    A column that is all zero gets x = 0 (its lower bound would otherwise force a value
-    that the data can not see; an efficiency term that is zero on every row is unused).
-    """
-    norms = np.sqrt(np.diag(G))
-    keep = norms > 1e-12
-    if not keep.any():
-        return None
-    nk = norms[keep]
-    Gs = (G if keep.all() else G[keep][:, keep]) / np.outer(nk, nk)  # the normal equations of A with unit columns
-    Gs.flat[:: len(Gs) + 1] += 1e-10  # ridge: collinear terms (e.g. constant per deployment)
-    lo, hi = lower[keep] * nk, upper[keep] * nk
-    try:
-        L = np.linalg.cholesky(Gs)
-        y, info = dtrtrs(L, h[keep] / nk, lower=1)  # LAPACK directly: the wrappers cost more than the solve
-        if info != 0:
-            return None
-        if np.isinf(hi).all() and not lo.any():
-            sol, _ = nnls(L.T, y, maxiter=50 * len(G))
-        else:
-            sol = np.clip(lsq_linear(L.T, y, bounds=(lo, hi), method="bvls").x, lo, hi)  # bvls may overshoot by ulps
-    except (np.linalg.LinAlgError, RuntimeError, ValueError):
-        return None
-    theta = np.zeros(len(G))
-    theta[keep] = sol / nk
-    return theta
 
 
 TermFn = Callable[[Mapping[str, np.ndarray], int], np.ndarray]
@@ -248,7 +221,7 @@ def score_program(program: Program, ctx: FitnessContext, detail: bool = False, f
     """
     terms = additive_terms(program)
     physics = [_term_physics(canonical(t), t) for t in terms]
-    if any(p is None for p in physics):  # a negative or mixed time (term_kind)
+    if any(p is None for p in physics):  # a negative or mixed time, unpriced work (term_kind)
         return _worst(program)
     evaluator = FusedTerms(terms) if fused else [partial(_program_term, t) for t in terms]
     score = fit_terms(evaluator, ctx, detail, [len(t) for t in terms], [bool(p) for p in physics])
@@ -267,22 +240,27 @@ def _term_physics(key: str, term: Program) -> bool | None:
 def term_kind(expr: sp.Expr) -> str:
     """``efficiency`` (a time in µs: its coefficient is an efficiency factor), ``count`` (no
     time in it: µs per request, layer, ...), ``negative time`` (a time term with a negative
-    part: ``a - b`` of two times is a negative efficiency on b) or ``mixed time`` (a time
+    part: ``a - b`` of two times is a negative efficiency on b), ``mixed time`` (a time
     combined with counts into something that is not a time, e.g. ``kv_io_time_us -
     num_prefill_reqs`` or ``gemm_time_us*tp``: its coefficient has no physical meaning, and
-    as a count it would escape the efficiency bounds)."""
+    as a count it would escape the efficiency bounds) or ``unpriced work`` (a count of KV
+    tokens or attention pairs: what that work costs depends on the model and GPU, so it
+    enters only through the µs primitive that prices it, e.g. ``kv_io_time_us``; as a count
+    its µs-per-token would be one price for every model, fitted without bounds)."""
     if not is_efficiency_term(expr):
-        return "mixed time" if involves_time(expr) else "count"
+        if involves_time(expr):
+            return "mixed time"
+        return "unpriced work" if involves_unpriced_work(expr) else "count"
     for part in sp.Add.make_args(sp.expand(expr)):
         coef, rest = part.as_coeff_Mul()
-        if coef < 0 and is_efficiency_term(rest):
+        if coef < 0 and (rest == 1 or is_efficiency_term(rest)):  # ``gemm_time_us - 27.7``: -27.7 µs
             return "negative time"
     return "efficiency"
 
 
 def term_physics(expr: sp.Expr) -> bool | None:
     """True for an efficiency term, False for a count term, None for a term that scores worst
-    (a negative or mixed time: ``term_kind``)."""
+    (a negative or mixed time, unpriced work: ``term_kind``)."""
     return {"efficiency": True, "count": False}.get(term_kind(expr))
 
 
@@ -353,7 +331,7 @@ def fit_terms(
     for j, is_eff in enumerate(efficiency_terms or [False] * k):
         if is_eff:
             lower[j], upper[j] = lo_eff, hi_eff
-    theta = _bounded_gram(G, h, lower, upper)
+    theta = bounded_gram(G, h, lower, upper)
     if theta is None:
         return _worst()
     coefs, intercept, over = theta[:k], float(theta[k]), theta[k + 1 :]
@@ -384,7 +362,7 @@ def fit_terms(
                 per_exp[name]["step_median_ape"] = float(np.median(ape[rows & row_val]))
                 per_exp[name]["n"] = int(rows.sum())
 
-    replay_error = 0.0
+    replay_error = transfer_error = 0.0
     if replay_rows:
         errs: dict[str, list[float]] = {m: [] for m in REPLAY_METRICS}
         all_errs = []
@@ -403,6 +381,9 @@ def fit_terms(
         objectives["replay_error"] = replay_error
         if st is None:
             train_error = replay_error
+        transfer = _transfer_error(replay_rows, ctx.replay, lower, upper)
+        if transfer is not None:
+            objectives["transfer_error_linear"] = transfer_error = transfer
     # with replayed experiments every non-step term is stored, those not fitted at 0 (README:
     # "Non-step terms" says why they cannot be told apart or fitted from these data)
     overheads: dict[str, float] = {}
@@ -419,7 +400,25 @@ def fit_terms(
         overheads=overheads,
         objectives=objectives,
         per_experiment=per_exp,
+        transfer_error=transfer_error,
     )
+
+
+def _transfer_error(replay_rows: list, rp: ReplayRows, lower: np.ndarray, upper: np.ndarray) -> float | None:
+    """``fitness.transfer.linear_transfer_error`` of the fitted replay rows."""
+    groups = _groups(tuple(rp.names), tuple(rp.models))
+    if not groups:
+        return None
+    a = np.array([r[3] / r[4] for r in replay_rows])
+    b = np.array([(r[4] - r[5]) / r[4] for r in replay_rows])
+    experiment = np.array([r[0] for r in replay_rows])
+    whole_run = np.array([r[2] == "all" for r in replay_rows])
+    return linear_transfer_error(a, b, experiment, [r[1] for r in replay_rows], whole_run, lower, upper, groups)
+
+
+@lru_cache(maxsize=16)
+def _groups(names: tuple[str, ...], models: tuple[str, ...]) -> list[list[int]]:
+    return held_out_groups(list(names), list(models))
 
 
 def error_stats(errors: Mapping[str, list[float | None]]) -> dict[str, tuple[float, float, int]]:

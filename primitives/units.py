@@ -94,4 +94,22 @@ def involves_time(expr: sp.Expr) -> bool:
     )
 
 
-__all__ = ["DIMENSIONLESS", "MICROSECONDS", "involves_time", "is_efficiency_term", "term_unit"]
+# Work whose price depends on the deployment (KV bytes per token, attention FLOPs per pair):
+# a step-time term may only use it through the µs primitive that prices it.
+UNPRICED_WORK = frozenset({"kv_tokens", "max_kv_tokens", "attention_work"})
+
+
+def involves_unpriced_work(expr: sp.Expr) -> bool:
+    """Whether the term contains a count of KV tokens or attention pairs (``UNPRICED_WORK``)."""
+    return any(s.name in UNPRICED_WORK for s in sp.sympify(expr).free_symbols)
+
+
+__all__ = [
+    "DIMENSIONLESS",
+    "MICROSECONDS",
+    "UNPRICED_WORK",
+    "involves_time",
+    "involves_unpriced_work",
+    "is_efficiency_term",
+    "term_unit",
+]

@@ -36,6 +36,12 @@ SEEDS: dict[str, str] = {
         "add(max(gemm_time_us, weight_time_us), add(add(decode_attention_time_us, prefill_attention_time_us),"
         " allreduce_calls))"
     ),
+    # Measured matmuls and KV traffic at HBM bandwidth, plus the costs that grow with depth
+    # and TP, not with work: per-layer kernels (norms, activations, launches) and all-reduce latency
+    "measured_gemm_overheads": "add(add(gemm_time_us, kv_io_time_us), add(n_layers, allreduce_calls))",
+    # The same with vLLM's CPU side: a per-request cost (input preparation, sampling,
+    # detokenisation, ~20 µs each) and a per-step cost that grows with the TP ranks to sync
+    "measured_gemm_cpu": "add(add(gemm_time_us, kv_io_time_us), add(batch_size, tp))",
     # MoE-aware weight streaming: only the experts a batch touches are read
     "moe_weights": "add(mul(weight_time_us, moe_touched_fraction), add(kv_io_time_us, allreduce_calls))",
 }

@@ -178,8 +178,8 @@ def test_unwritable_json_fails_before_work(project: Path, monkeypatch, capsys):
 
 
 def test_validate(project: Path, monkeypatch, capsys):
-    def validate_entry(entry, experiments_dir, mode, resolver, baseline=False, plot_dir=None):
-        assert mode == "lomo" and experiments_dir == "exps"
+    def validate_entry(entry, experiments_dir, mode, resolver, baseline=False, plot_dir=None, refit_rounds=2):
+        assert mode == "lomo" and experiments_dir == "exps" and refit_rounds == 1
         item = {
             "name": "a",
             "e2e_mean_pred_s": 1.05,
@@ -198,7 +198,9 @@ def test_validate(project: Path, monkeypatch, capsys):
 
     fake_module(monkeypatch, "evolve.validation", validate_entry=validate_entry)
     (project / "exps").mkdir()
-    assert main(["validate", ENTRY.id, "--experiments", "exps", "--lomo", "--json", "v.json"]) == 0
+    assert (
+        main(["validate", ENTRY.id, "--experiments", "exps", "--lomo", "--refit-rounds", "1", "--json", "v.json"]) == 0
+    )
     saved = json.loads((project / "v.json").read_text())
     assert saved["lomo"] is True and saved["summary"]["e2e_error_mean"] == 0.07 and saved["id"] == ENTRY.id
     assert saved["experiments"][0]["itl_error"] is None
@@ -211,7 +213,7 @@ def test_validate(project: Path, monkeypatch, capsys):
 def test_validate_transfer_modes_are_mutually_exclusive(project: Path, monkeypatch, capsys):
     seen = []
 
-    def validate_entry(entry, experiments_dir, mode, resolver, baseline=False, plot_dir=None):
+    def validate_entry(entry, experiments_dir, mode, resolver, baseline=False, plot_dir=None, refit_rounds=2):
         seen.append(mode)
         return {
             "summary": {"e2e_error_mean": 0.0, "workloads": {"codegen": {"e2e_error_mean": 0.0}}},

@@ -62,7 +62,7 @@ def test_fused_scores_equal_the_plain_scores():
     table = planted_table(n=3000)
     table.is_train[table.experiment == 1] = True  # an experiment without a holdout is judged on its training rows
     ctx = FitnessContext(table)
-    programs = _random_programs(table.primitive_names, 240, seed=11)  # many mix times with counts: worst
+    programs = _random_programs(table.primitive_names, 300, seed=11)  # many mix times with counts: worst
     scored = 0
     for program in programs:
         plain, fused = score_program(program, ctx, fused=False), score_program(program, ctx)

@@ -47,10 +47,10 @@ def test_efficiency_is_held_inside_its_bounds():
     tight = score_program(prog, FitnessContext(table, efficiency_bounds=(0.5, 1.4)))
     assert tight.coefficients[1] == pytest.approx(1.4)  # kv_io capped at the upper bound
     assert 0.5 <= tight.coefficients[0] <= 1.4
-    # a µs term the data does not want still gets at least the lower bound
+    # a µs term the data does not want still gets at least the lower bound: its ideal time
     prog2 = (OP("add"), OP("add"), V("weight_time_us"), V("kv_io_time_us"), V("allreduce_time_us"))
     s = score_program(prog2, FitnessContext(table))
-    assert min(s.coefficients) >= 0.5 - 1e-12
+    assert min(s.coefficients) >= 1.0 - 1e-12
 
 
 def test_a_term_that_subtracts_time_scores_worst():
@@ -60,17 +60,27 @@ def test_a_term_that_subtracts_time_scores_worst():
     rows = term_efficiencies("100 + 1.2*weight_time_us + 846.6*matmul_time_us - 846.8*kv_io_time_us")
     kinds = {r["term"]: r["kind"] for r in rows}
     assert kinds == {"weight_time_us": "efficiency", "matmul_time_us": "efficiency", "kv_io_time_us": "negative time"}
-    bounds = {r["term"]: r["on_bound"] for r in term_efficiencies("4.0*weight_time_us + 0.5*kv_io_time_us")}
+    rows = term_efficiencies("4.0*weight_time_us + 0.5*kv_io_time_us", (0.5, 4.0))
+    bounds = {r["term"]: r["on_bound"] for r in rows}
     assert bounds == {"weight_time_us": "upper", "kv_io_time_us": "lower"}
 
 
+@pytest.mark.parametrize("text", ["gemm_time_us - 27.7", "2*(kv_io_time_us + gemm_time_us - 40)"])
+def test_a_time_term_with_a_negative_offset_is_a_negative_time(text):
+    # fitted, the offset becomes a negative intercept: a step that takes less than no time
+    from fitness.scoring import term_kind
+
+    assert term_kind(parse_infix(text)) == "negative time"
+    assert term_kind(parse_infix("gemm_time_us + 27.7")) == "efficiency"
+
+
 def test_models_faster_under_more_work_score_worst():
-    # data with a term that falls as KV grows: pdiv(batch, kv) fits it, but is faster with more work
+    # data with a term that falls as the batch grows: pdiv(layers, batch) fits it, but is faster with more work
     table = planted_table(noise=0.0)
     cols = table.columns
-    table.cycle_time_us = table.cycle_time_us + 2e7 * cols["batch_size"] / cols["kv_tokens"]
+    table.cycle_time_us = table.cycle_time_us + 2e4 * cols["n_layers"] / cols["batch_size"]
     probes = PhysicsProbes.build(table.deployments, table.primitive_names, floor_fraction=1e-9)  # monotone only
-    bad = (OP("add"), V("weight_time_us"), OP("pdiv"), V("batch_size"), V("kv_tokens"))
+    bad = (OP("add"), V("weight_time_us"), OP("pdiv"), V("n_layers"), V("batch_size"))
     unchecked = score_program(bad, FitnessContext(table))
     assert unchecked.ok and unchecked.coefficients[1] > 0
     assert not score_program(bad, FitnessContext(table, probes=probes)).ok
@@ -134,3 +144,31 @@ def test_a_time_mixed_with_counts_scores_worst(text):
     table = planted_table(noise=0.0)
     prog = (OP("add"), V("weight_time_us"), OP("mul"), V("gemm_time_us"), V("tp"))
     assert not score_program(prog, FitnessContext(table)).ok
+
+
+@pytest.mark.parametrize(
+    "text", ["kv_tokens", "attention_work*n_layers", "sqrt(max_kv_tokens)", "batch_size + kv_tokens"]
+)
+def test_kv_and_attention_counts_are_unpriced_work_and_score_worst(text):
+    # what a KV token or an attention pair costs depends on the model and GPU: it is priced by
+    # kv_io_time_us or the attention primitives, never by one µs-per-token for every model
+    from fitness.scoring import term_kind
+
+    assert term_kind(parse_infix(text)) == "unpriced work"
+    table = planted_table(noise=0.0)
+    prog = (OP("add"), V("weight_time_us"), V("kv_tokens"))
+    assert not score_program(prog, FitnessContext(table)).ok
+
+
+@pytest.mark.parametrize("text", ["batch_size", "n_layers*num_decode_reqs", "allreduce_calls", "prefill_tokens"])
+def test_requests_layers_calls_and_tokens_stay_counts(text):
+    from fitness.scoring import term_kind
+
+    assert term_kind(parse_infix(text)) == "count"
+
+
+def test_the_run_default_bounds_are_the_scoring_default():
+    from evolve.config import RunConfig
+    from fitness.scoring import DEFAULT_EFFICIENCY_BOUNDS
+
+    assert tuple(RunConfig().efficiency_bounds) == DEFAULT_EFFICIENCY_BOUNDS == (1.0, 4.0)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from archive.entry import ArchiveEntry
+from evolve.config import REFIT_ROUNDS
 from evolve.validation import validate_entry
 from fitness.sim.engine import simulate
 from fitness.sim.models import ExpressionLatencyModel
@@ -287,12 +288,15 @@ def test_lowo_holds_out_each_workload_exactly_once(tmp_path, monkeypatch):
     assert all(i["workload"] == i["held_out_workload"] for i in res["experiments"])
     assert set(res["summary"]["workloads"]) == {"codegen", "general", "roleplay"}
     assert res["summary"]["e2e_error_mean_over_workloads"] >= 0
-    # three refits, each on every experiment with results but the held-out workload's
-    assert len(calls) == 3
-    for fitted, workload in zip(calls, ["codegen", "general", "roleplay"], strict=True):
-        assert {n.rsplit("-", 1)[-1] for n in fitted} == {"codegen", "general", "roleplay"} - {workload}
-        assert len(fitted) == 4  # two models each: every row of them (single-stage runs: the whole-run rows)
-        assert all(labels == {(m, "all") for m in ("e2e", "ttft", "itl")} for labels in fitted.values())
+    # three folds, each refitted on every experiment with results but the held-out workload's:
+    # once on the entry's recording, then once on each re-recording of its training runs
+    per_fold = 1 + REFIT_ROUNDS
+    assert len(calls) == 3 * per_fold
+    for i, workload in enumerate(["codegen", "general", "roleplay"]):
+        for fitted in calls[i * per_fold : (i + 1) * per_fold]:
+            assert {n.rsplit("-", 1)[-1] for n in fitted} == {"codegen", "general", "roleplay"} - {workload}
+            assert len(fitted) == 4  # two models each: every row of them (single-stage runs: the whole-run rows)
+            assert all(labels == {(m, "all") for m in ("e2e", "ttft", "itl")} for labels in fitted.values())
     assert "failure_fraction_pred" in res["experiments"][0] and "failure_fraction_diff_pp_max" in res["summary"]
 
 
@@ -316,11 +320,11 @@ def test_stage_transfer_fits_on_low_rate_stages_only(tmp_path, monkeypatch):
         observe(write_experiment(tmp_path, f"e-{short}-roleplay", model, tp, rate=2.0, duration=6, output_len=30))
     calls = spy_on_refits(monkeypatch)
     res = validate_entry(entry(), tmp_path, "stage-transfer", default_resolver(), jobs=1)
-    assert len(calls) == 1
-    fitted = calls[0]
-    assert len(fitted) == 4 and not any(n.endswith("roleplay") for n in fitted)  # single-rate runs: no split
-    for labels in fitted.values():
-        assert labels == {(m, "stage_0") for m in ("e2e", "ttft", "itl")}  # no whole-run rows, no high stage
+    assert len(calls) == 1 + REFIT_ROUNDS  # the entry's recording, then each re-recording
+    for fitted in calls:
+        assert len(fitted) == 4 and not any(n.endswith("roleplay") for n in fitted)  # single-rate runs: no split
+        for labels in fitted.values():
+            assert labels == {(m, "stage_0") for m in ("e2e", "ttft", "itl")}  # no whole-run rows, no high stage
     assert sorted(res["skipped"]) == ["e-llama-2-70b-tp4-roleplay", "e-llama-2-7b-tp1-roleplay"]
     assert all(v == {"fit": [0], "validated": [1]} for v in res["stage_split"].values())
     # reported: each split experiment's high-rate stage, against its stage_1 file
@@ -330,3 +334,99 @@ def test_stage_transfer_fits_on_low_rate_stages_only(tmp_path, monkeypatch):
         assert it["e2e_mean_obs_s"] is not None and it["failure_fraction_obs"] == 0.0
         assert abs(it["e2e_error"]) < 0.10  # the law that made the observations is in the expression's span
     assert res["summary"]["experiments"] == 4 and res["summary"]["failure_fraction_diff_pp_max"] == 0.0
+
+
+# --- transfer checks inside the search's model selection ------------------------------
+def test_transfer_errors_refit_every_check_and_cap_runaways(tmp_path, monkeypatch):
+    import evolve.validation as ev
+    from evolve.calibration import refresh_replay_rows, scored_experiments
+
+    monkeypatch.chdir(tmp_path)
+    for (model, tp), short in [(LLAMA_7B, "llama-2-7b-tp1"), (LLAMA_70B, "llama-2-70b-tp4")]:
+        for workload, stages in [("codegen", [(1.0, 6), (3.0, 6)]), ("general", [(2.0, 6), (5.0, 6)])]:
+            observe(write_experiment(tmp_path, f"e-{short}-{workload}", model, tp, output_len=30, stages=stages))
+    resolver = default_resolver()
+    names = ["weight_time_us", "kv_io_time_us", "allreduce_calls"]
+    rows = refresh_replay_rows(tmp_path, resolver, entry(), names, 0, 1)
+    scored = scored_experiments(tmp_path)
+    calls = spy_on_refits(monkeypatch)
+    got = ev.transfer_errors(EXPR, rows, scored, resolver, 0, 1, (1.0, 4.0))
+    assert len(calls) == 2 + 1 + 2  # two workloads, the high-rate stages, two models
+    assert set(got) == {"transfer_e2e_error_max", "transfer_ttft_error_max", "transfer_itl_error_max", "transfer_error"}
+    assert 0 < got["transfer_error"] <= got["transfer_e2e_error_max"] < ev.TRANSFER_ERROR_CAP
+    # the law that made the observations is in the expression's span: refits without a workload
+    # or a stage transfer (without a model, one deployment is left to pin three constants)
+    monkeypatch.setattr(ev, "TRANSFER_MODES", ("lowo", "stage-transfer"))
+    kept = ev.transfer_errors(EXPR, rows, scored, resolver, 0, 1, (1.0, 4.0))
+    assert kept["transfer_e2e_error_max"] < 0.10 and kept["transfer_error"] < 0.10
+
+    # a refit that drives its held-out runs into overload counts at the cap in the mean, not more
+    monkeypatch.setattr(ev, "closed_loop_items", _with_errors(ev.closed_loop_items, 50.0, 900.0, 2.0))
+    bad = ev.transfer_errors(EXPR, rows, scored, resolver, 0, 1, (1.0, 4.0))
+    assert bad["transfer_e2e_error_max"] == 50.0 and bad["transfer_ttft_error_max"] == 900.0
+    assert bad["transfer_error"] == ev.TRANSFER_ERROR_CAP
+
+
+def _with_errors(closed_loop_items, e2e: float, ttft: float, itl: float):
+    """``closed_loop_items`` whose items and stages all report these signed errors."""
+
+    def items(*args, **kwargs):
+        got = closed_loop_items(*args, **kwargs)
+        for it in got:
+            for part in [it, *it["stages"]]:
+                part.update(e2e_error=e2e, ttft_error=ttft, itl_error=itl)
+        return got
+
+    return items
+
+
+def test_ttft_counts_at_its_looser_tolerance_in_the_transfer_error(tmp_path, monkeypatch):
+    import evolve.validation as ev
+    from evolve.calibration import refresh_replay_rows, scored_experiments
+
+    monkeypatch.chdir(tmp_path)
+    for (model, tp), short in [(LLAMA_7B, "llama-2-7b-tp1"), (LLAMA_70B, "llama-2-70b-tp4")]:
+        for rate, workload in [(1.0, "codegen"), (3.0, "general")]:
+            observe(write_experiment(tmp_path, f"e-{short}-{workload}", model, tp, rate=rate, duration=6))
+    resolver = default_resolver()
+    rows = refresh_replay_rows(
+        tmp_path, resolver, entry(), ["weight_time_us", "kv_io_time_us", "allreduce_calls"], 0, 1
+    )
+    monkeypatch.setattr(ev, "closed_loop_items", _with_errors(ev.closed_loop_items, 0.02, -0.30, 0.01))
+    got = ev.transfer_errors(EXPR, rows, scored_experiments(tmp_path), resolver, 0, 1, (1.0, 4.0))
+    assert got["transfer_error"] == pytest.approx(0.30 / 1.5)
+    assert got["transfer_ttft_error_max"] == pytest.approx(0.30)
+
+
+def test_refit_fold_refits_on_its_own_rerecordings_and_keeps_the_last_good_one(monkeypatch):
+    from types import SimpleNamespace
+
+    import evolve.validation as ev
+    from fitness.sim.loadgen import NoSuccessfulRequest
+
+    def rows_of(names):
+        return SimpleNamespace(names=list(names), labels=[[("e2e", "all")]] * len(names))
+
+    fold = ev.Fold("general", lambda name, label: not name.endswith("general"), [])
+    fits = iter([("m1", {}), ("m2", {}), ("m3", {})])
+    seen = []
+    monkeypatch.setattr(ev, "refit", lambda terms, rows, keep, bounds: (seen.append(rows.names), next(fits))[1])
+    recorded = []
+
+    def rerecord(expression, overheads, training):
+        recorded.append((expression, training))
+        return rows_of(training)
+
+    rows = rows_of(["a-codegen", "b-general", "c-roleplay"])
+    assert ev.refit_fold(fold, [], rows, (1.0, 4.0), 2, rerecord) == ("m3", {})
+    # each refit model re-records the fold's training runs only, and the next refit is on those
+    assert recorded == [("m1", ["a-codegen", "c-roleplay"]), ("m2", ["a-codegen", "c-roleplay"])]
+    assert seen == [["a-codegen", "b-general", "c-roleplay"], ["a-codegen", "c-roleplay"], ["a-codegen", "c-roleplay"]]
+
+    # a refit model that serves none of a training run's requests: the previous refit stands
+    def overloaded(expression, overheads, training):
+        raise NoSuccessfulRequest("a-codegen", None, "every request timed out")
+
+    fits = iter([("m1", {}), ("never", {})])
+    assert ev.refit_fold(fold, [], rows, (1.0, 4.0), 2, overloaded) == ("m1", {})
+    assert ev.refit_fold(fold, [], rows, (1.0, 4.0), 0, rerecord) == ("never", {})  # no rounds: one refit

@@ -217,7 +217,7 @@ def test_cli_report_and_its_bad_input(tmp_path, monkeypatch, capsys, validated):
     res, _ = validated
     seen = {}
 
-    def fake_validate_entry(entry, experiments_dir, mode, resolver, baseline=False, plot_dir=None):
+    def fake_validate_entry(entry, experiments_dir, mode, resolver, baseline=False, plot_dir=None, refit_rounds=2):
         seen.update(baseline=baseline, plot_dir=plot_dir)
         return res
 
