@@ -375,6 +375,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help (0) or a usage error (2, one line), already printed
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     _RUN_DIRS.clear()
+    # loky's resource tracker (a process of its own, which reads this at start) may report a
+    # semaphore of a finished worker pool as leaked when the process exits: noise, not news
+    os.environ.setdefault("PYTHONWARNINGS", "ignore:resource_tracker:UserWarning")
     try:
         return int(args.handler(args) or 0)
     except InputError as exc:
