@@ -16,6 +16,7 @@ import signal
 import sqlite3
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from contextlib import contextmanager
@@ -50,10 +51,31 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _quiet_pool_manager(previous):
+    """A ``threading.excepthook`` that keeps loky's pool-manager thread quiet, others as before.
+
+    An interrupt (Ctrl-C, SIGTERM) that lands while the main thread hands the pool a task
+    can leave the manager thread looking up a task that is gone (a KeyError in loky's
+    ``add_call_item_to_queue``) and printing a traceback, after the run has already said in
+    one line that it stopped. A real failure of the pool still reaches the main thread:
+    loky marks the pool broken and the next call raises there.
+    """
+
+    def hook(args):
+        if args.thread is not None and args.thread.name.startswith("ExecutorManagerThread"):
+            return
+        previous(args)
+
+    return hook
+
+
 @contextmanager
 def sigterm_as_interrupt():
-    """Inside: SIGTERM takes Ctrl-C's path (checkpoint, mark the run interrupted, exit 130)."""
+    """Inside: SIGTERM takes Ctrl-C's path (checkpoint, mark the run interrupted, exit 130),
+    and the worker pool's manager thread does not print over the one-line message."""
     previous = signal.signal(signal.SIGTERM, _interrupt)
+    # left in place on the way out: the manager thread can fail while the workers are killed
+    threading.excepthook = _quiet_pool_manager(threading.excepthook)
     try:
         yield
     finally:

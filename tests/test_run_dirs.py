@@ -288,3 +288,22 @@ def test_jobs_above_the_cpu_count_are_capped_with_one_warning(work, capsys):
 def test_usage_errors_are_one_line_with_a_hint(args, work, capsys):
     rc, _, err = call(args, capsys)
     assert_one_line_error(rc, err, "--help")
+
+
+def test_the_pool_manager_thread_stays_quiet_inside_a_run_and_other_threads_do_not():
+    import threading
+
+    from evolve.crash import _quiet_pool_manager
+
+    seen = []
+    hook = _quiet_pool_manager(lambda args: seen.append(args.thread.name))
+
+    def args_of(name):
+        try:
+            raise KeyError(285)
+        except KeyError as exc:
+            return threading.ExceptHookArgs((type(exc), exc, exc.__traceback__, threading.Thread(name=name)))
+
+    hook(args_of("ExecutorManagerThread"))  # loky's race on an interrupt: no traceback over the one line
+    hook(args_of("worker-1"))
+    assert seen == ["worker-1"]
