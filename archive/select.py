@@ -9,11 +9,10 @@ The rule (``recommend``), in the order it is applied:
 
 1. **Error to compare.** Each entry's error is the worst of the errors it was scored
    on: ``max(step_mape, e2e_error_max, ttft_error_max, itl_error_max, failure_error_max,
-   transfer_error)`` (the ``_max``
-   latency errors are the worst experiment's; where an entry has only the mean,
-   ``e2e_error`` etc., that is used), using only those of the objectives that
-   *every* candidate carries (so a model is never preferred just
-   because it was not replayed end to end). A model that predicts steps well but
+   transfer_error)`` (the ``_max`` latency errors are the worst experiment's; where an
+   entry has only the mean, ``e2e_error`` etc., that is used), using only those of the
+   objectives that *every* candidate carries (so a model is never preferred just
+   because it was not replayed end to end, or not checked for transfer). A model that predicts steps well but
    replays latencies badly is thus judged by the latency it gets wrong — the
    recommended model is the one to ship, not the best per-step fit.
 2. **Two-objective front.** Sort by complexity and keep only entries whose error is
@@ -44,8 +43,9 @@ from dataclasses import dataclass
 from archive.entry import ArchiveEntry
 
 # failure_error: the closed loop's miss of the failed fraction of requests (a fraction, like the others)
-# transfer_error: the worst held-out error when refitted without a workload, model or
-# high-rate stage (``evolve.validation.transfer_errors``; closed-loop-checked entries only)
+# transfer_error: the mean held-out error (each capped at 100%) when refitted without a
+# workload, a model or the high-rate stages (``evolve.validation.transfer_errors``; only
+# the entries checked in the closed loop carry it)
 ERROR_OBJECTIVES = ("step_mape", "e2e_error", "ttft_error", "itl_error", "failure_error", "transfer_error")
 ACCURACY_GATE = 1.25  # eligible: error <= ACCURACY_GATE * lowest error on the front
 _ERROR_FLOOR = 1e-12

@@ -11,8 +11,9 @@ the rest, in the closed loop. The expression's structure is kept; only its coeff
 intercept and overheads are refitted (the same least squares as the search,
 ``fitness.validate.refit``), on replay rows recorded with the entry itself (teacher
 forcing), then ``REFIT_ROUNDS`` times on rows the refitted model re-records of the
-training experiments (``refit_fold``). One function (``_transfer``) runs every check; a check is a list of
-folds, each naming the replay rows it fits on and the experiments (or stages) it reports:
+training experiments (``refit_fold``). One function (``_transfer``) runs every check; a
+check is a list of folds, each naming the replay rows it fits on and the experiments (or
+stages) it reports:
 
 * ``lomo``: leave one model out, for each model in turn;
 * ``lowo``: leave one workload out (general, codegen, ...: the end of the experiment's

@@ -22,15 +22,11 @@ from __future__ import annotations
 import numpy as np
 
 from fitness.bounded_lsq import bounded_gram
+from primitives.data.experiments import workload_of
 
 # Every acceptance goal of the transfer checks allows TTFT 1.5x the error of E2E and ITL.
 TTFT_TOLERANCE_RATIO = 1.5
 TRANSFER_ERROR_CAP = 1.0  # a held-out experiment's error counts at most 100%
-
-
-def workload_of(experiment_name: str) -> str:
-    """The workload of an experiment: the end of its name (general, codegen, roleplay, ...)."""
-    return experiment_name.rsplit("-", 1)[-1]
 
 
 def held_out_groups(names: list[str], models: list[str]) -> list[list[int]]:
@@ -96,5 +92,4 @@ __all__ = [
     "experiment_error",
     "held_out_groups",
     "linear_transfer_error",
-    "workload_of",
 ]

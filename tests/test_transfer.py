@@ -8,8 +8,8 @@ from fitness.transfer import (
     experiment_error,
     held_out_groups,
     linear_transfer_error,
-    workload_of,
 )
+from primitives.data.experiments import workload_of
 
 NAMES = ["a-7b-general", "b-70b-general", "c-7b-codegen", "d-70b-codegen"]
 MODELS = ["7b", "70b", "7b", "70b"]

@@ -121,8 +121,12 @@ class ExperimentSpec:
 
     @property
     def workload(self) -> str:
-        """The workload name at the end of the directory name (general, codegen, ...)."""
-        return self.name.rsplit("-", 1)[-1]
+        return workload_of(self.name)
+
+
+def workload_of(experiment_name: str) -> str:
+    """The workload name at the end of an experiment's directory name (general, codegen, ...)."""
+    return experiment_name.rsplit("-", 1)[-1]
 
 
 # ---------------------------------------------------------------------------
