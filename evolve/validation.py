@@ -41,7 +41,7 @@ from evolve.config import REFIT_ROUNDS
 from evolve.validation_view import VALIDATE_MODES as MODES
 from evolve.validation_view import plot_predicted_vs_observed
 from fitness.ranking import ranking_check
-from fitness.replay_rows import REPLAY_METRICS
+from fitness.replay_rows import REPLAY_METRICS, ReplayRows
 from fitness.scoring import DEFAULT_EFFICIENCY_BOUNDS, error_stats, run_efficiency_bounds
 from fitness.sim.loadgen import NoSuccessfulRequest
 from fitness.transfer import TRANSFER_ERROR_CAP, experiment_error
@@ -167,7 +167,7 @@ def transfer_folds(mode: str, scored: list[ExperimentSpec], resolver: Deployment
     return "stage", [fold]
 
 
-Rerecord = Callable[[str, dict, list[str]], "object"]  # (expression, overheads, experiment names) -> rows
+Rerecord = Callable[[str, dict, list[str]], ReplayRows]  # (expression, overheads, experiment names) -> rows
 
 
 def refit_fold(fold: Fold, terms: list, rows, bounds, rounds: int = 0, rerecord: Rerecord | None = None):
@@ -182,10 +182,10 @@ def refit_fold(fold: Fold, terms: list, rows, bounds, rounds: int = 0, rerecord:
     """
     keep = lambda rp: lambda e, label: fold.keep(rp.names[e], label)  # noqa: E731
     fitted = refit(terms, rows, keep(rows), bounds)
+    training = sorted({n for e, n in enumerate(rows.names) if any(fold.keep(n, lab) for lab in rows.labels[e])})
     for _ in range(rounds if rerecord is not None else 0):
         if fitted is None:
             break
-        training = sorted({n for e, n in enumerate(rows.names) if any(fold.keep(n, lab) for lab in rows.labels[e])})
         try:
             again = rerecord(*fitted, training)
         except NoSuccessfulRequest:

@@ -316,9 +316,11 @@ def fit_terms(
                 if np.isfinite(obs[i]) and obs[i] > 0:
                     replay_rows.append((e, m, scope, rows[i], obs[i], rp.fixed_us[e][i]))
         if replay_rows:
+            # relative rows: rel_a @ theta - rel_b is a row's signed relative error
+            rel_a = np.array([r[3] / r[4] for r in replay_rows])
+            rel_b = np.array([(r[4] - r[5]) / r[4] for r in replay_rows])
             scale = np.sqrt(ctx.replay_weight)
-            a = np.array([r[3] / r[4] * scale for r in replay_rows])
-            b = np.array([(r[4] - r[5]) / r[4] * scale for r in replay_rows])
+            a, b = rel_a * scale, rel_b * scale
             if not np.isfinite(a).all():
                 return _worst()
             G += a.T @ a
@@ -381,7 +383,7 @@ def fit_terms(
         objectives["replay_error"] = replay_error
         if st is None:
             train_error = replay_error
-        transfer = _transfer_error(replay_rows, ctx.replay, lower, upper)
+        transfer = _transfer_error(rel_a, rel_b, replay_rows, ctx.replay, lower, upper)
         if transfer is not None:
             objectives["transfer_error_linear"] = transfer_error = transfer
     # with replayed experiments every non-step term is stored, those not fitted at 0 (README:
@@ -404,16 +406,16 @@ def fit_terms(
     )
 
 
-def _transfer_error(replay_rows: list, rp: ReplayRows, lower: np.ndarray, upper: np.ndarray) -> float | None:
-    """``fitness.transfer.linear_transfer_error`` of the fitted replay rows."""
+def _transfer_error(
+    rel_a: np.ndarray, rel_b: np.ndarray, replay_rows: list, rp: ReplayRows, lower: np.ndarray, upper: np.ndarray
+) -> float | None:
+    """``fitness.transfer.linear_transfer_error`` of the fitted replay rows (relative: ``rel_a``, ``rel_b``)."""
     groups = _groups(tuple(rp.names), tuple(rp.models))
     if not groups:
         return None
-    a = np.array([r[3] / r[4] for r in replay_rows])
-    b = np.array([(r[4] - r[5]) / r[4] for r in replay_rows])
     experiment = np.array([r[0] for r in replay_rows])
     whole_run = np.array([r[2] == "all" for r in replay_rows])
-    return linear_transfer_error(a, b, experiment, [r[1] for r in replay_rows], whole_run, lower, upper, groups)
+    return linear_transfer_error(rel_a, rel_b, experiment, [r[1] for r in replay_rows], whole_run, lower, upper, groups)
 
 
 @lru_cache(maxsize=16)

@@ -5,11 +5,11 @@ constants are pinned only by the data of one workload or one model (its terms co
 everywhere else) fits as well as a physical one, and fails on the next workload or model.
 ``linear_transfer_error`` measures that at the cost of a few small solves: for each
 workload, then each model, it refits the constants on the other experiments' replay rows
-(their normal equations: the total minus the held-out experiments' part, the same bounded
-least squares) and predicts the held-out experiments' whole-run means with them, to first
-order (the rows are linear forms of the step times around recorded batches; see
-``fitness.replay_rows``). The step-trace rows stay out of these refits: they come from
-experiments of one workload and weigh little beside the replay rows.
+(the same bounded least squares on their normal equations) and predicts the held-out
+experiments' whole-run means with them, to first order (the rows are linear forms of the
+step times around recorded batches; see ``fitness.replay_rows``). The step-trace rows stay
+out of these refits: they come from experiments of one workload and weigh little beside
+the replay rows.
 
 The closed loop can amplify an error near saturation far beyond this first-order estimate
 (``evolve.validation.transfer_errors`` measures that for the few models the run checks at
