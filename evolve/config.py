@@ -31,6 +31,8 @@ class RunConfig:
     calibration_rounds: int = 1  # closed-loop refits of the reference trajectories before the search
     refresh_every: int = 0  # generations between trajectory refreshes; 0 = a third of the run
     efficiency_bounds: list[float] = field(default_factory=lambda: [1.0, 4.0])  # a µs term's coefficient
+    # caps of measured-kernel-priced terms (fitness.efficiency); None: from the GPU's kernels at the start
+    efficiency_caps: dict[str, float] | None = None
     closed_loop_checks: int = 32  # front entries validated in the closed loop at the end of a replay run
 
     def to_dict(self) -> dict:

@@ -223,8 +223,8 @@ def _overheads(overheads: dict) -> str:
 
 
 def _model_section(entry) -> str:
+    from fitness.efficiency import run_efficiency_bounds
     from fitness.physics_check import term_efficiencies
-    from fitness.scoring import run_efficiency_bounds
 
     bounds = run_efficiency_bounds(entry.run_config)
     eff = [
@@ -241,7 +241,7 @@ def _model_section(entry) -> str:
     return (
         f"<p>Step time (µs):</p><pre>{escape(entry.expression)}</pre>"
         + _table(["", "value"], facts)
-        + f"<h3>Fitted efficiencies (µs terms bounded to {bounds[0]:g}–{bounds[1]:g})</h3>"
+        + f"<h3>Fitted efficiencies (µs terms bounded to {escape(bounds.describe('–'))})</h3>"
         + (_table(["term", "coefficient", "kind", "on a bound"], eff) if eff else "<p>a constant: no terms</p>")
     )
 

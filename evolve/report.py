@@ -291,8 +291,8 @@ def entry_detail(entry: ArchiveEntry) -> list:
 
 def efficiency_table(entry: ArchiveEntry):
     """Each term's fitted coefficient and kind; an efficiency sitting on its bound is flagged."""
+    from fitness.efficiency import run_efficiency_bounds
     from fitness.physics_check import term_efficiencies
-    from fitness.scoring import run_efficiency_bounds
 
     bounds = run_efficiency_bounds(entry.run_config)
     rows = [
@@ -300,7 +300,7 @@ def efficiency_table(entry: ArchiveEntry):
             "term": r["term"],
             "kind": r["kind"],
             "coefficient": fmt_number(r["coefficient"]),
-            "flag": f"on the {r['on_bound']} bound ({fmt_number(bounds[r['on_bound'] == 'upper'])})"
+            "flag": f"on the {r['on_bound']} bound ({fmt_number(r[r['on_bound']])})"
             if r["on_bound"]
             else ("NEGATIVE" if r["kind"] == "negative time" else ""),
         }
@@ -308,4 +308,4 @@ def efficiency_table(entry: ArchiveEntry):
     ]
     if not rows:
         return "no terms: the expression is a constant"
-    return rows_table(rows, title=f"Fitted efficiencies (µs terms bounded to {bounds[0]:g}-{bounds[1]:g})")
+    return rows_table(rows, title=f"Fitted efficiencies (µs terms bounded to {bounds.describe()})")

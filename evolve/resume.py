@@ -68,6 +68,11 @@ def _saved_config(path: Path) -> RunConfig:
         checks.number(saved[name], path, name, integer=True, allow_zero=name == "seed", upper=MAX_SEED)
     if not isinstance(saved.get("data", []), list):
         raise InputError(path, "data", f"expected a list of paths, got {saved['data']!r}")
+    caps = saved.setdefault("efficiency_caps", {})  # a run from before the caps resumes without them
+    if not isinstance(caps, dict):
+        raise InputError(path, "efficiency_caps", f"expected a mapping of primitive to a number, got {caps!r}")
+    for name, cap in caps.items():
+        checks.number(cap, path, f"efficiency_caps.{name}")
     return RunConfig.from_dict(saved)
 
 

@@ -24,6 +24,7 @@ from evolve.resume import fresh_config, resumed_config
 from evolve.search import Search
 from evolve.validation import closed_loop_check
 from fitness.dataset import build_step_table
+from fitness.efficiency import run_efficiency_bounds
 from fitness.kv_sharing import trace_kv_sharing
 from fitness.physics_probes import PhysicsProbes
 from fitness.scoring import FitnessContext
@@ -34,6 +35,7 @@ from primitives.data.traces import load_steps
 from primitives.deployment import DeploymentResolver
 from primitives.errors import InputError, writable_dir
 from primitives.files import atomic_write_json
+from primitives.kernels import efficiency_caps
 from primitives.registry import supported_primitives
 
 
@@ -151,11 +153,13 @@ def prepare_context(config: RunConfig, resolver: DeploymentResolver):
                 check_servable(spec, dep)
             if dep not in deployments:
                 deployments.append(dep)
+    if config.efficiency_caps is None:  # a resumed run keeps the caps it started with
+        config.efficiency_caps = efficiency_caps(list({d.gpu.name: d.gpu for d in deployments}.values()))
     ctx = FitnessContext(
         table,
         None,
         config.replay_weight,
-        efficiency_bounds=tuple(config.efficiency_bounds),
+        efficiency_bounds=run_efficiency_bounds(config.to_dict()),
         probes=PhysicsProbes.build(deployments, names, floor_fraction=config.efficiency_bounds[0]),
     )
     return ctx, names, data
@@ -274,7 +278,7 @@ def _search(
                     config.jobs,
                     ui,
                     rows=search.ctx.replay,
-                    bounds=tuple(config.efficiency_bounds),
+                    bounds=run_efficiency_bounds(config.to_dict()),
                 )
         except TimeLimitReached:  # the front stays as the search scored it
             ui.log("time limit reached during the final closed-loop check; the front keeps the search's scores")

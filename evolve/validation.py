@@ -40,9 +40,10 @@ from evolve.calibration import record_rows, scored_experiments
 from evolve.config import REFIT_ROUNDS
 from evolve.validation_view import VALIDATE_MODES as MODES
 from evolve.validation_view import plot_predicted_vs_observed
+from fitness.efficiency import DEFAULT_EFFICIENCY_BOUNDS, run_efficiency_bounds
 from fitness.ranking import ranking_check
 from fitness.replay_rows import REPLAY_METRICS, ReplayRows
-from fitness.scoring import DEFAULT_EFFICIENCY_BOUNDS, error_stats, run_efficiency_bounds
+from fitness.scoring import error_stats
 from fitness.sim.loadgen import NoSuccessfulRequest
 from fitness.transfer import TRANSFER_ERROR_CAP, experiment_error
 from fitness.validate import closed_loop_items, default_jobs, refit, split_terms, summarise
@@ -334,7 +335,7 @@ def closed_loop_check(
     jobs: int,
     ui,
     rows=None,
-    bounds: tuple[float, float] = DEFAULT_EFFICIENCY_BOUNDS,
+    bounds=DEFAULT_EFFICIENCY_BOUNDS,  # or EfficiencyBounds, with the run's caps
 ) -> list:
     """Validate the most promising front entries in the closed loop; returns those checked.
 

@@ -14,32 +14,45 @@ import math
 
 import numpy as np
 
+from fitness.efficiency import DEFAULT_EFFICIENCY_BOUNDS, as_bounds
 from fitness.physics_probes import PhysicsProbes, monotone
-from fitness.scoring import DEFAULT_EFFICIENCY_BOUNDS, term_kind
+from fitness.scoring import term_kind
 from fitness.validate import split_terms
 from primitives.deployment import Deployment
 from primitives.language import evaluate_expr, parse_infix, to_infix
 
 
-def term_efficiencies(expression: str, bounds: tuple[float, float] = DEFAULT_EFFICIENCY_BOUNDS) -> list[dict]:
-    """One row per additive term: its coefficient, kind and which bound it sits on (if any)."""
+def term_efficiencies(expression: str, bounds=DEFAULT_EFFICIENCY_BOUNDS) -> list[dict]:
+    """One row per additive term: its coefficient, kind, interval (``lower``, ``upper``: an
+    efficiency's, with any cap) and which bound it sits on (if any)."""
+    bounds = as_bounds(bounds)
     _, terms, coefs = split_terms(parse_infix(expression))
     rows = []
     for term, coef in zip(terms, coefs, strict=True):
         kind = term_kind(term)
         if coef < 0 and kind == "efficiency":
             kind = "negative time"
-        on = None
+        on, interval = None, (None, None)
         if kind == "efficiency":
+            interval = bounds.of_term(term)
             on = next(
                 (
                     name
-                    for name, b in zip(("lower", "upper"), bounds, strict=True)
+                    for name, b in zip(("lower", "upper"), interval, strict=True)
                     if math.isclose(coef, b, rel_tol=1e-6)
                 ),
                 None,
             )
-        rows.append({"term": to_infix(term), "coefficient": float(coef), "kind": kind, "on_bound": on})
+        rows.append(
+            {
+                "term": to_infix(term),
+                "coefficient": float(coef),
+                "kind": kind,
+                "lower": interval[0],
+                "upper": interval[1],
+                "on_bound": on,
+            }
+        )
     return rows
 
 

@@ -21,25 +21,16 @@ import sympy as sp
 
 from fitness.bounded_lsq import bounded_gram
 from fitness.dataset import StepTable
+from fitness.efficiency import EfficiencyBounds, as_bounds
 from fitness.fused import ColumnMatrix, FusedTerms, step_errors
 from fitness.physics_probes import PhysicsProbes
 from fitness.replay_rows import REPLAY_METRICS, ReplayRows
 from fitness.sim.latency_model import FITTED_NON_STEP_NAMES, full_non_step_terms
 from fitness.transfer import held_out_groups, linear_transfer_error
 from primitives.language import Program, additive_terms, canonical, evaluate_program, program_to_sympy
-from primitives.units import involves_time, involves_unpriced_work, is_efficiency_term
+from primitives.units import involves_time, involves_unpriced_work, is_efficiency_term, time_primitives
 
 WORST = 1e9  # the score of a candidate that produced NaN/inf or fitted nothing
-
-
-# A µs term's coefficient: its ideal time is a datasheet roofline or a measured kernel, and
-# no step runs its work faster than either, so 1 (ideal) up to 4x slower.
-DEFAULT_EFFICIENCY_BOUNDS = (1.0, 4.0)
-
-
-def run_efficiency_bounds(run_config: Mapping | None) -> tuple[float, float]:
-    """The efficiency bounds a run searched with (its ``run.json``), else the default."""
-    return tuple((run_config or {}).get("efficiency_bounds") or DEFAULT_EFFICIENCY_BOUNDS)
 
 
 @dataclass
@@ -47,8 +38,11 @@ class FitnessContext:
     steps: StepTable | None
     replay: ReplayRows | None = None
     replay_weight: float = 1.0  # weight of one replayed metric row against one experiment's step rows
-    efficiency_bounds: tuple[float, float] = DEFAULT_EFFICIENCY_BOUNDS
+    efficiency_bounds: EfficiencyBounds = EfficiencyBounds()  # of a µs term's coefficient (fitness.efficiency)
     probes: PhysicsProbes | None = None  # probe steps: monotone in work, above the kernel floor
+
+    def __post_init__(self):
+        self.efficiency_bounds = as_bounds(self.efficiency_bounds)  # a (lower, upper) pair: no caps
 
 
 @dataclass
@@ -224,7 +218,11 @@ def score_program(program: Program, ctx: FitnessContext, detail: bool = False, f
     if any(p is None for p in physics):  # a negative or mixed time, unpriced work (term_kind)
         return _worst(program)
     evaluator = FusedTerms(terms) if fused else [partial(_program_term, t) for t in terms]
-    score = fit_terms(evaluator, ctx, detail, [len(t) for t in terms], [bool(p) for p in physics])
+    bounds = [
+        ctx.efficiency_bounds.of(_term_times(canonical(t), t)) if p else False
+        for t, p in zip(terms, physics, strict=True)
+    ]
+    score = fit_terms(evaluator, ctx, detail, [len(t) for t in terms], bounds)
     if not score.ok:
         return _worst(program)
     score.terms = terms
@@ -235,6 +233,12 @@ def score_program(program: Program, ctx: FitnessContext, detail: bool = False, f
 def _term_physics(key: str, term: Program) -> bool | None:
     """``term_physics`` of a candidate's term (memoised by its canonical form)."""
     return term_physics(program_to_sympy(term))
+
+
+@lru_cache(maxsize=65536)
+def _term_times(key: str, term: Program) -> frozenset[str]:
+    """The µs primitives of a candidate's term (memoised by its canonical form)."""
+    return time_primitives(program_to_sympy(term))
 
 
 def term_kind(expr: sp.Expr) -> str:
@@ -273,14 +277,15 @@ def fit_terms(
     ctx: FitnessContext,
     detail: bool = False,
     term_sizes: list[int] | None = None,
-    efficiency_terms: list[bool] | None = None,
+    efficiency_terms: list[bool | tuple[float, float]] | None = None,
 ) -> Score:
     """Fit ``intercept + sum(coef_i * term_i)`` and measure its errors.
 
     Each term is a function of primitive columns (leave-one-model-out passes the terms
     of an archived expression), or the search's evolved terms compiled (``FusedTerms``). Coefficients are
     >= 0; those of efficiency terms (``efficiency_terms[i]``: a time in µs) lie inside
-    ``ctx.efficiency_bounds``. A fit that fails ``ctx.probes`` (not monotone in work, or
+    ``ctx.efficiency_bounds``, or inside the term's own interval where ``efficiency_terms[i]``
+    is one (``EfficiencyBounds.of``: a capped primitive). A fit that fails ``ctx.probes`` (not monotone in work, or
     faster than the measured kernels allow) scores worst.
     """
     terms = term_fns if isinstance(term_fns, FusedTerms) else NumpyTerms(list(term_fns))
@@ -329,10 +334,11 @@ def fit_terms(
     if st is None and not replay_rows:
         raise ValueError("nothing to score: no step rows and no replayed experiments")
     lower, upper = np.zeros(len(G)), np.full(len(G), np.inf)
-    lo_eff, hi_eff = ctx.efficiency_bounds
-    for j, is_eff in enumerate(efficiency_terms or [False] * k):
-        if is_eff:
-            lower[j], upper[j] = lo_eff, hi_eff
+    for j, eff in enumerate(efficiency_terms or [False] * k):
+        if eff is True:
+            lower[j], upper[j] = ctx.efficiency_bounds
+        elif eff:
+            lower[j], upper[j] = eff
     theta = bounded_gram(G, h, lower, upper)
     if theta is None:
         return _worst()

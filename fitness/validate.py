@@ -28,8 +28,9 @@ import numpy as np
 import sympy as sp
 from joblib import Parallel, delayed
 
+from fitness.efficiency import DEFAULT_EFFICIENCY_BOUNDS, as_bounds
 from fitness.replay_rows import REPLAY_METRICS, ReplayRows
-from fitness.scoring import DEFAULT_EFFICIENCY_BOUNDS, FitnessContext, error_stats, fit_terms, term_physics
+from fitness.scoring import FitnessContext, error_stats, fit_terms, term_physics
 from fitness.sim.engine import simulate
 from fitness.sim.loadgen import no_success_reason
 from fitness.sim.models import ExpressionLatencyModel
@@ -159,9 +160,7 @@ def summarise(items: list[dict]) -> dict:
     return out
 
 
-def refit(
-    terms: list[sp.Expr], rows: ReplayRows, keep, bounds: tuple[float, float] = DEFAULT_EFFICIENCY_BOUNDS
-) -> tuple[str, dict] | None:
+def refit(terms: list[sp.Expr], rows: ReplayRows, keep, bounds=DEFAULT_EFFICIENCY_BOUNDS) -> tuple[str, dict] | None:
     """Refit ``intercept + sum(coef * term)`` and the fitted overheads on some replay rows only.
 
     ``keep(e, label)`` says whether row ``label = (metric, scope)`` of experiment ``e`` of
@@ -180,8 +179,9 @@ def refit(
         return None
     sub = rows.subset(kept)
     sub.observed_us = observed
-    efficiency = [bool(term_physics(t)) for t in terms]  # the search's bounds hold in refits too
-    ctx = FitnessContext(None, sub, efficiency_bounds=tuple(bounds))
+    bounds = as_bounds(bounds)  # the search's bounds (and caps) hold in refits too
+    efficiency = [bounds.of_term(t) if term_physics(t) else False for t in terms]
+    ctx = FitnessContext(None, sub, efficiency_bounds=bounds)
     score = fit_terms([SympyTerm(t) for t in terms], ctx, efficiency_terms=efficiency)
     if not score.ok:
         return None

@@ -47,6 +47,7 @@ import math
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from importlib import resources
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -247,6 +248,56 @@ class MeasuredKernels:
         above = lat[-1] * (s / ss[-1]) ** 2
         us = np.where(s < ss[0], below, np.where(s > ss[-1], above, inside))
         return us * (n_heads / key[0]) / tp
+
+    # the price of a KV byte ----------------------------------------------------
+    def kv_byte_price(self, hbm_bytes_per_us: float) -> float:
+        """What one more KV byte costs in the measured decode-attention kernel, per µs of
+        its HBM roofline time (``KV_PRICE_QUANTILE`` of every table's marginal prices).
+
+        A marginal price is the latency added by doubling a batch's context, over the
+        roofline time of the bytes it adds (K and V of the KV heads each GPU holds, per
+        layer), counted only where that roofline time is at least ``MEMORY_BOUND_STEP_US``:
+        there bandwidth, not the launch, is what grows. The launch floor is a per-call cost
+        that a step's overhead terms carry, so a ratio of latency to roofline would count it
+        twice. On H100 the prices are 1.04-1.07 (median per table) for every head
+        configuration and TP; the quantile trims the timing noise of single differences.
+        """
+        prices = []
+        for (_, kv, d, tp), path in sorted(self._decode.items()):
+            rows: dict[float, list[tuple[float, float]]] = {}
+            for row in _read_csv(path):
+                dtype = row.get("kv_dtype", "bf16")
+                if dtype not in DTYPE_BYTES:
+                    raise InputError(path, "kv_dtype", f"one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+                b = _number(row, "batch_size", path)
+                bytes_per_token = 2 * kv / tp * d * DTYPE_BYTES[dtype]
+                rows.setdefault((b, bytes_per_token), []).append(
+                    (_number(row, "kv_len", path), _number(row, "latency_us", path))
+                )
+            for (b, bytes_per_token), pts in rows.items():
+                pts.sort()
+                for (c0, t0), (c1, t1) in pairwise(pts):
+                    roofline_us = b * (c1 - c0) * bytes_per_token / hbm_bytes_per_us
+                    if roofline_us >= MEMORY_BOUND_STEP_US:
+                        prices.append((t1 - t0) / roofline_us)
+        if not prices:
+            raise InputError(self.directory, "attention_decode", "no memory-bound decode timings to price a KV byte")
+        return float(np.quantile(prices, KV_PRICE_QUANTILE))
+
+
+KV_PRICE_QUANTILE = 0.95
+MEMORY_BOUND_STEP_US = 20.0  # about the launch floor: a smaller step is timing noise on top of it
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
+
+
+def efficiency_caps(gpus) -> dict[str, float]:
+    """Upper bounds of µs primitives' efficiencies that the GPUs' measured kernels price
+    (``fitness.efficiency``): ``kv_io_time_us``, at the dearest of the GPUs' KV byte prices.
+    GPUs without measured kernels add nothing."""
+    prices = [
+        measured_kernels(g.kernel_dir).kv_byte_price(g.hbm_bytes_per_s / 1e6) for g in gpus if g.kernel_dir is not None
+    ]
+    return {"kv_io_time_us": round(max(prices), 4)} if prices else {}
 
 
 @lru_cache(maxsize=8)

@@ -87,11 +87,18 @@ def is_efficiency_term(expr: sp.Expr) -> bool:
     return term_unit(expr) == MICROSECONDS
 
 
+def time_primitives(expr: sp.Expr) -> frozenset[str]:
+    """The primitives measured in µs that the term contains."""
+    return frozenset(
+        s.name
+        for s in sp.sympify(expr).free_symbols
+        if (p := PRIMITIVE_BY_NAME.get(s.name)) is not None and p.unit == "us"
+    )
+
+
 def involves_time(expr: sp.Expr) -> bool:
     """Whether the term contains a primitive measured in µs."""
-    return any(
-        (p := PRIMITIVE_BY_NAME.get(s.name)) is not None and p.unit == "us" for s in sp.sympify(expr).free_symbols
-    )
+    return bool(time_primitives(expr))
 
 
 # Work whose price depends on the deployment (KV bytes per token, attention FLOPs per pair):
@@ -111,5 +118,6 @@ __all__ = [
     "involves_time",
     "involves_unpriced_work",
     "is_efficiency_term",
+    "time_primitives",
     "term_unit",
 ]

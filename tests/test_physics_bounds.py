@@ -169,6 +169,6 @@ def test_requests_layers_calls_and_tokens_stay_counts(text):
 
 def test_the_run_default_bounds_are_the_scoring_default():
     from evolve.config import RunConfig
-    from fitness.scoring import DEFAULT_EFFICIENCY_BOUNDS
+    from fitness.efficiency import DEFAULT_EFFICIENCY_BOUNDS
 
     assert tuple(RunConfig().efficiency_bounds) == DEFAULT_EFFICIENCY_BOUNDS == (1.0, 4.0)

@@ -1,0 +1,71 @@
+"""The interval a µs term's fitted coefficient (its efficiency factor) may take.
+
+A µs primitive's ideal time is a datasheet roofline or a measured kernel, and no step runs
+its work faster than either, so 1 (ideal) up to 4x slower by default (``--efficiency-bounds``).
+Some work has a tighter measured price: ``caps`` maps a primitive to the most one µs of its
+ideal time costs in the GPU's measured kernels (``primitives.kernels.efficiency_caps``: a KV
+byte costs at most 1.16x its HBM roofline time in H100's decode-attention kernel). A term
+whose only times are capped primitives gets that upper bound. Without it, the price of a KV
+read is pinned only by the models whose steps it dominates; fitted on the others, where it
+trades against per-step overheads, it drifted to 1.5x and Llama-2-7B ran away.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import sympy as sp
+
+from primitives.units import time_primitives
+
+DEFAULT_EFFICIENCY_BOUNDS = (1.0, 4.0)
+
+
+@dataclass(frozen=True)
+class EfficiencyBounds:
+    """The run's interval for every µs term, and the caps of some primitives' terms.
+
+    Unpacks like ``(lower, upper)``, so ``lo, hi = bounds`` reads the run's interval.
+    """
+
+    lower: float = DEFAULT_EFFICIENCY_BOUNDS[0]
+    upper: float = DEFAULT_EFFICIENCY_BOUNDS[1]
+    caps: tuple[tuple[str, float], ...] = ()  # (primitive, upper bound), sorted
+
+    def __iter__(self):
+        return iter((self.lower, self.upper))
+
+    def of(self, time_names: Iterable[str]) -> tuple[float, float]:
+        """The interval of a term whose µs primitives are ``time_names``."""
+        caps = dict(self.caps)
+        names = set(time_names)
+        if names and names <= caps.keys():
+            return self.lower, max(self.lower, min(self.upper, max(caps[n] for n in names)))
+        return self.lower, self.upper
+
+    def of_term(self, expr: sp.Expr) -> tuple[float, float]:
+        return self.of(time_primitives(expr))
+
+    def describe(self, dash: str = "-") -> str:
+        """``1-4; kv_io_time_us at most 1.16``: what a table's title says of the bounds."""
+        caps = "".join(f"; {name} at most {cap:g}" for name, cap in self.caps)
+        return f"{self.lower:g}{dash}{self.upper:g}{caps}"
+
+
+def as_bounds(bounds, caps: Mapping[str, float] | None = None) -> EfficiencyBounds:
+    """``bounds`` as EfficiencyBounds: one already, or a (lower, upper) pair with ``caps``."""
+    if isinstance(bounds, EfficiencyBounds):
+        return bounds
+    lo, hi = bounds
+    return EfficiencyBounds(float(lo), float(hi), tuple(sorted((caps or {}).items())))
+
+
+def run_efficiency_bounds(run_config: Mapping | None) -> EfficiencyBounds:
+    """The bounds a run searched with (its ``run.json``), else the default (a run from before
+    the caps has none)."""
+    rc = run_config or {}
+    return as_bounds(rc.get("efficiency_bounds") or DEFAULT_EFFICIENCY_BOUNDS, rc.get("efficiency_caps"))
+
+
+__all__ = ["DEFAULT_EFFICIENCY_BOUNDS", "EfficiencyBounds", "as_bounds", "run_efficiency_bounds"]
