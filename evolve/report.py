@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,46 @@ def mapping_table(mapping: dict, title: str | None = None, key_label: str = "nam
     return table
 
 
+def short_experiment_name(name: str) -> str:
+    """An experiment's folder name without its date prefix, with spaces where it may wrap:
+    ``20260218-141024-mixtral-8x7b-v0-1-tp2-roleplay`` -> ``mixtral-8x7b-v0-1 tp2 roleplay``."""
+    name = re.sub(r"^\d{8}-\d{6}-", "", name)
+    head, _, workload = name.rpartition("-")
+    return f"{head.replace('-tp', ' tp')} {workload}" if head else name
+
+
+# archive show's per-experiment columns: (header, key); closed-loop errors replace the
+# search's first-order estimates where the entry was checked
+PER_EXPERIMENT_COLUMNS = (
+    ("E2E", "e2e_error"),
+    ("TTFT", "ttft_error"),
+    ("ITL", "itl_error"),
+    ("step MAPE", "step_mape"),
+)
+
+
+def per_experiment_table(per_experiment: dict[str, dict]):
+    """An entry's errors per experiment, narrow enough for 80 columns (names wrap at spaces);
+    keys it does not know are shown after them."""
+    closed = any(k.endswith("_closed_loop") for m in per_experiment.values() for k in m)
+    shown = [(h, k if k == "step_mape" or not closed else f"{k}_closed_loop") for h, k in PER_EXPERIMENT_COLUMNS]
+    known = {k for _, k in PER_EXPERIMENT_COLUMNS} | {f"{k}_closed_loop" for _, k in PER_EXPERIMENT_COLUMNS}
+    extra = sorted({k for m in per_experiment.values() for k in m} - known - {"step_mape_train"})
+    rows = [
+        {
+            "experiment": short_experiment_name(name),
+            **{h: fmt_fraction(m[k]) if m.get(k) is not None else "-" for h, k in shown},
+            **{k: m[k] for k in extra if k in m},
+        }
+        for name, m in sorted(per_experiment.items())
+    ]
+    if all(r["step MAPE"] == "-" for r in rows):
+        for r in rows:
+            del r["step MAPE"]
+    what = "in the closed loop" if closed else "the search's estimates"
+    return rows_table(rows, title=f"Per-experiment errors ({what}; step MAPE: trace holdout)")
+
+
 def rows_table(rows: list[dict], title: str | None = None):
     """Rows of dicts as one table; the columns are every key, in order of appearance."""
     from rich.table import Table
@@ -282,8 +323,7 @@ def entry_detail(entry: ArchiveEntry) -> list:
     if entry.overheads:
         shown.append(mapping_table(entry.overheads, title="Overheads (µs)", key_label="term", value_label="µs"))
     if entry.per_experiment:
-        rows = [{"experiment": name, **metrics} for name, metrics in sorted(entry.per_experiment.items())]
-        shown.append(rows_table(rows, title="Per-experiment errors"))
+        shown.append(per_experiment_table(entry.per_experiment))
     else:
         shown.append("no per-experiment scores archived for this entry")
     return shown

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from evolve.report import fmt_number
+from evolve.report import fmt_number, short_experiment_name
 
 # ``validate``'s modes (evolve.validation): mode -> (what the command does, the table's title suffix)
 VALIDATE_MODES: dict[str | None, tuple[str, str]] = {
@@ -39,9 +39,7 @@ MEAN_UNITS = (("e2e", "s", 1.0), ("ttft", "ms", 1e3), ("itl", "ms", 1e3))
 
 def experiment_label(item: dict) -> str:
     """An item's experiment without the date prefix, with spaces where the name may wrap."""
-    name = re.sub(r"^\d{8}-\d{6}-", "", item["name"])
-    head, _, workload = name.rpartition("-")
-    name = f"{head.replace('-tp', ' tp')} {workload}" if head else name
+    name = short_experiment_name(item["name"])
     if "held_out_stage" in item:  # stage transfer: one row per high-rate stage
         name += f" (stage {item['held_out_stage']})"
     elif item.get("held_out_model") or item.get("held_out_workload"):

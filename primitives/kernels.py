@@ -254,8 +254,8 @@ class MeasuredKernels:
         """What one more KV byte costs in the measured decode-attention kernel, per µs of
         its HBM roofline time (``KV_PRICE_QUANTILE`` of every table's marginal prices).
 
-        A marginal price is the latency added by doubling a batch's context, over the
-        roofline time of the bytes it adds (K and V of the KV heads each GPU holds, per
+        A marginal price is the latency added by lengthening a batch's context to the next
+        measured length, over the roofline time of the bytes it adds (K and V of the KV heads each GPU holds, per
         layer), counted only where that roofline time is at least ``MEMORY_BOUND_STEP_US``:
         there bandwidth, not the launch, is what grows. The launch floor is a per-call cost
         that a step's overhead terms carry, so a ratio of latency to roofline would count it
@@ -264,7 +264,7 @@ class MeasuredKernels:
         """
         prices = []
         for (_, kv, d, tp), path in sorted(self._decode.items()):
-            rows: dict[float, list[tuple[float, float]]] = {}
+            rows: dict[tuple[float, float], list[tuple[float, float]]] = {}  # (batch, bytes/token) -> points
             for row in _read_csv(path):
                 dtype = row.get("kv_dtype", "bf16")
                 if dtype not in DTYPE_BYTES:

@@ -106,7 +106,9 @@ def test_show(project: Path, capsys):
     assert main(["archive", "show", target.id[:7]]) == 0
     out = capsys.readouterr().out
     assert target.id in out and "decode_tokens" in out
-    assert "llama-2-70b-tp4-general" in out and "codellama-34b-tp2-general" in out
+    # experiment names wrap at spaces, not inside a squeezed column; every line fits 80 columns
+    assert "llama-2-70b tp4 general" in out and "codellama-34b tp2 general" in out
+    assert max(len(line) for line in out.splitlines()) <= 80
     assert "inter_step_gap_us" in out and "850" in out
     assert "simplified (sympy)" in out
     assert "first found in generation" in out
