@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fitness.dataset import build_step_table  # noqa: E402
+from fitness.efficiency import DEFAULT_EFFICIENCY_BOUNDS, as_bounds  # noqa: E402
 from fitness.kv_sharing import trace_kv_sharing  # noqa: E402
 from fitness.physics_check import term_efficiencies  # noqa: E402
 from fitness.scoring import FitnessContext, fit_terms, term_physics  # noqa: E402
@@ -33,6 +34,7 @@ from fitness.validate import SympyTerm, split_terms  # noqa: E402
 from primitives.data.roots import shared_data_root  # noqa: E402
 from primitives.data.traces import load_steps  # noqa: E402
 from primitives.deployment import default_resolver  # noqa: E402
+from primitives.kernels import efficiency_caps  # noqa: E402
 from primitives.language import parse_infix  # noqa: E402
 
 MODELS = {
@@ -57,6 +59,7 @@ def main() -> int:
     sharing = {} if args.no_kv_sharing else trace_kv_sharing(data, root / "experiments", resolver, 0)
     names = sorted({s.name for text in MODELS.values() for s in parse_infix(text).free_symbols})
     table = build_step_table(data, resolver, names, 0.2, sharing)
+    bounds = as_bounds(DEFAULT_EFFICIENCY_BOUNDS, efficiency_caps([d.gpu for d in table.deployments]))  # as a run
     print(f"KV sharing factors applied to the traces: {sharing or 'none'}\n")
     exps = [e.split("-tp")[0].split("-", 2)[-1] for e in table.experiment_names]
     print("| model | term | efficiency / cost | " + " | ".join(f"holdout MAPE {e}" for e in exps) + " |")
@@ -65,12 +68,12 @@ def main() -> int:
         _, terms, _ = split_terms(parse_infix(text))
         score = fit_terms(
             [SympyTerm(t) for t in terms],
-            FitnessContext(table),
+            FitnessContext(table, efficiency_bounds=bounds),
             detail=True,
-            efficiency_terms=[bool(term_physics(t)) for t in terms],
+            efficiency_terms=[bounds.of_term(t) if term_physics(t) else False for t in terms],
         )
         fitted = " + ".join(f"{c!r}*{t}" for c, t in zip(score.coefficients, terms, strict=True))
-        rows = term_efficiencies(f"{score.intercept!r} + {fitted}")
+        rows = term_efficiencies(f"{score.intercept!r} + {fitted}", bounds)
         mape = [score.per_experiment[e]["step_mape"] for e in table.experiment_names]
         for i, r in enumerate(rows):
             flag = f" (on the {r['on_bound']} bound)" if r["on_bound"] else ""

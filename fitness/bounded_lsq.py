@@ -21,6 +21,7 @@ def bounded_gram(G: np.ndarray, h: np.ndarray, lower: np.ndarray, upper: np.ndar
     Gs = (G if keep.all() else G[keep][:, keep]) / np.outer(nk, nk)  # the normal equations of A with unit columns
     Gs.flat[:: len(Gs) + 1] += 1e-10  # ridge: collinear terms (e.g. constant per deployment)
     lo, hi = lower[keep] * nk, upper[keep] * nk
+    hi = np.where(hi > lo, hi, np.nextafter(lo, np.inf))  # a pinned term (lower == upper): bvls needs lo < hi
     try:
         L = np.linalg.cholesky(Gs)
         y, info = dtrtrs(L, h[keep] / nk, lower=1)  # LAPACK directly: the wrappers cost more than the solve

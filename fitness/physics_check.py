@@ -38,7 +38,7 @@ def term_efficiencies(expression: str, bounds=DEFAULT_EFFICIENCY_BOUNDS) -> list
             on = next(
                 (
                     name
-                    for name, b in zip(("lower", "upper"), interval, strict=True)
+                    for name, b in zip(("upper", "lower"), interval[::-1], strict=True)  # a cap pins: upper
                     if math.isclose(coef, b, rel_tol=1e-6)
                 ),
                 None,

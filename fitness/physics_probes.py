@@ -10,7 +10,7 @@ same reductions as every other row (``primitives.compute``), so every primitive 
 value on them.
 
 The kernel floor: on every probe, the step can not run faster than ``floor_fraction``
-(the lower efficiency bound, 0.5 by default) times the sum of the measured kernels it
+(the lower efficiency bound, 1 by default) times the sum of the measured kernels it
 must execute: its matmuls, decode attention and prefill attention
 (``gemm_time_us + decode_attention_time_us + prefill_attention_time_us``, from the GPU's
 measured kernel tables). The visible experiments hardly exercise heavy prefill (prefix

@@ -214,13 +214,14 @@ def score_program(program: Program, ctx: FitnessContext, detail: bool = False, f
     ``fused=False`` evaluates the plain way, one numpy array per node (the benchmark's reference).
     """
     terms = additive_terms(program)
-    physics = [_term_physics(canonical(t), t) for t in terms]
+    keys = [canonical(t) for t in terms]
+    physics = [_term_physics(key, t) for key, t in zip(keys, terms, strict=True)]
     if any(p is None for p in physics):  # a negative or mixed time, unpriced work (term_kind)
         return _worst(program)
     evaluator = FusedTerms(terms) if fused else [partial(_program_term, t) for t in terms]
     bounds = [
-        ctx.efficiency_bounds.of(_term_times(canonical(t), t)) if p else False
-        for t, p in zip(terms, physics, strict=True)
+        ctx.efficiency_bounds.of(_term_times(key, t)) if p else False
+        for key, t, p in zip(keys, terms, physics, strict=True)
     ]
     score = fit_terms(evaluator, ctx, detail, [len(t) for t in terms], bounds)
     if not score.ok:

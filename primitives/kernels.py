@@ -293,10 +293,16 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
 def efficiency_caps(gpus) -> dict[str, float]:
     """Upper bounds of µs primitives' efficiencies that the GPUs' measured kernels price
     (``fitness.efficiency``): ``kv_io_time_us``, at the dearest of the GPUs' KV byte prices.
-    GPUs without measured kernels add nothing."""
-    prices = [
-        measured_kernels(g.kernel_dir).kv_byte_price(g.hbm_bytes_per_s / 1e6) for g in gpus if g.kernel_dir is not None
-    ]
+    GPUs without measured kernels, or whose decode tables are all launch-bound (no KV
+    price to read), add nothing."""
+    prices = []
+    for g in gpus:
+        if g.kernel_dir is None:
+            continue
+        try:
+            prices.append(measured_kernels(g.kernel_dir).kv_byte_price(g.hbm_bytes_per_s / 1e6))
+        except InputError:  # only short contexts or small batches measured
+            continue
     return {"kv_io_time_us": round(max(prices), 4)} if prices else {}
 
 

@@ -60,6 +60,17 @@ def test_h100s_measured_kernels_price_a_kv_byte_near_its_roofline():
     assert efficiency_caps([no_kernels]) == {}
 
 
+def test_a_gpu_whose_decode_tables_are_all_launch_bound_has_no_cap(tmp_path):
+    kernels_folder(tmp_path, 1.1)
+    table = tmp_path / "attention_decode" / "8-8-128-tp2.csv"
+    lines = table.read_text().splitlines()
+    table.write_text("\n".join(lines[:3]) + "\n")  # batch 1, contexts 1024 and 4096: a few µs of roofline
+    resolver = default_resolver()
+    gpu = resolver.gpu(resolver.default_gpu)
+    short = type(gpu)(gpu.name, gpu.dense_flops_per_s, gpu.hbm_bytes_per_s, gpu.nvlink_bytes_per_s, 1.0, str(tmp_path))
+    assert efficiency_caps([short]) == {}
+
+
 def test_a_term_is_capped_only_when_every_time_in_it_is_capped():
     assert CAP.of({"kv_io_time_us"}) == (1.0, 1.16)
     assert CAP.of({"kv_io_time_us", "gemm_time_us"}) == (1.0, 4.0)
@@ -77,6 +88,16 @@ def test_the_fit_holds_kv_io_at_its_cap_and_the_rest_at_the_run_bounds():
     assert 1.0 <= capped.coefficients[0] <= 4.0
     free = score_program(prog, FitnessContext(table, efficiency_bounds=(1.0, 4.0)))
     assert free.coefficients[1] == pytest.approx(1.5, rel=1e-6)
+
+
+def test_a_cap_below_the_lower_bound_pins_the_term_there():
+    # --efficiency-bounds 1.2,4 with a 1.16 cap: kv_io is held at 1.2, not refused
+    table = planted_table(noise=0.0)
+    prog = (OP("add"), OP("add"), V("weight_time_us"), V("kv_io_time_us"), V("allreduce_calls"))
+    pinned = score_program(prog, FitnessContext(table, efficiency_bounds=EfficiencyBounds(1.2, 4.0, CAP.caps)))
+    assert pinned.ok and pinned.coefficients[1] == pytest.approx(1.2)
+    row = term_efficiencies("1.2*kv_io_time_us", EfficiencyBounds(1.2, 4.0, CAP.caps))[0]
+    assert row["on_bound"] == "upper"
 
 
 def test_runs_carry_their_caps_and_the_table_flags_a_term_on_its_cap():
