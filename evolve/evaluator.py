@@ -131,7 +131,8 @@ class Evaluator:
         self.jobs = max(1, int(jobs))
         self.backend = backend
         self.scheduler = scheduler
-        self.memo: dict[str, Score] = {}
+        self.memo: dict[str, Score] = {}  # since the last reset
+        self.seen: set[str] = set()  # every candidate scored by this evaluator, across resets
         self._map = None
 
     def __enter__(self):
@@ -163,4 +164,5 @@ class Evaluator:
             scores = self._map(progs) if self._map is not None else score_many(progs, self.ctx)
             for (k, _), s in zip(items, scores, strict=True):
                 self.memo[k] = s
+            self.seen.update(todo)
         return [self.memo[k] for k in keys]

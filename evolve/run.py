@@ -291,7 +291,7 @@ def _search(
     summary = {
         "generations": search.state.generation,
         "evaluations": search.state.evaluations,
-        "unique_candidates": len(evaluator.memo),
+        "unique_candidates": len(evaluator.seen),  # in this process (a resumed run counts anew)
         "wall_time_s": round(termination.elapsed_s(), 2),
         "front_size": len(entries),
         "status": status,

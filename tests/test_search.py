@@ -124,3 +124,17 @@ def test_short_end_to_end_run_writes_an_archive(tmp_path):
     assert front and all({"id", "expression", "complexity", "objectives"} <= set(e) for e in front)
     best = min(front, key=lambda e: e["objectives"]["step_mape"])
     assert best["objectives"]["step_mape"] < 0.05  # cycle = 8000 + 60*decode exactly: easy to find
+
+
+def test_unique_candidates_count_across_trajectory_refreshes():
+    # a refresh empties the memo (scores change with the trajectories), not the count of
+    # candidates the run has seen, which run.json reports as unique_candidates
+    table = planted_table(n=300)
+    a = (("var", "weight_time_us"),)
+    b = (("op", "add"), ("var", "weight_time_us"), ("var", "kv_io_time_us"))
+    with Evaluator(FitnessContext(table), 1) as ev:
+        ev.score([a, b, a])
+        ev.reset(FitnessContext(table))
+        assert not ev.memo
+        ev.score([a])
+        assert len(ev.seen) == 2 and len(ev.memo) == 1
