@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -378,6 +379,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # loky's resource tracker (a process of its own, which reads this at start) may report a
     # semaphore of a finished worker pool as leaked when the process exits: noise, not news
     os.environ.setdefault("PYTHONWARNINGS", "ignore:resource_tracker:UserWarning")
+    # loky, when an idle worker timed out as jobs arrived: they are resubmitted (a worker
+    # that really dies raises TerminatedWorkerError), so the two-line warning is noise too
+    warnings.filterwarnings("ignore", message="A worker stopped while some jobs were given", category=UserWarning)
     try:
         return int(args.handler(args) or 0)
     except InputError as exc:

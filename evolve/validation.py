@@ -380,7 +380,7 @@ def closed_loop_check(
             e.objectives["failure_error_max"] = float(np.max(missed))
         e.objectives["closed_loop"] = 1.0
         if rows is not None:
-            ui.log(f"transfer checks of {e.id}: refitted without each workload, model and high-rate stage")
+            ui.log(f"transfer checks of {e.id} (each workload, model and fast stage held out)")
             e.objectives.update(transfer_errors(e.expression, rows, specs, resolver, seed, jobs, bounds))
         for i in items:
             e.per_experiment.setdefault(i["name"], {}).update(
