@@ -70,7 +70,7 @@ def main() -> int:
             [SympyTerm(t) for t in terms],
             FitnessContext(table, efficiency_bounds=bounds),
             detail=True,
-            efficiency_terms=[bounds.of_term(t) if term_physics(t) else False for t in terms],
+            efficiency_terms=[bounds.of_term(t) if term_physics(t) else None for t in terms],
         )
         fitted = " + ".join(f"{c!r}*{t}" for c, t in zip(score.coefficients, terms, strict=True))
         rows = term_efficiencies(f"{score.intercept!r} + {fitted}", bounds)

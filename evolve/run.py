@@ -278,7 +278,7 @@ def _search(
                     config.jobs,
                     ui,
                     rows=search.ctx.replay,
-                    bounds=run_efficiency_bounds(config.to_dict()),
+                    bounds=search.ctx.efficiency_bounds,
                 )
         except TimeLimitReached:  # the front stays as the search scored it
             ui.log("time limit reached during the final closed-loop check; the front keeps the search's scores")

@@ -220,7 +220,7 @@ def score_program(program: Program, ctx: FitnessContext, detail: bool = False, f
         return _worst(program)
     evaluator = FusedTerms(terms) if fused else [partial(_program_term, t) for t in terms]
     bounds = [
-        ctx.efficiency_bounds.of(_term_times(key, t)) if p else False
+        ctx.efficiency_bounds.of(_term_times(key, t)) if p else None
         for key, t, p in zip(keys, terms, physics, strict=True)
     ]
     score = fit_terms(evaluator, ctx, detail, [len(t) for t in terms], bounds)
@@ -278,16 +278,16 @@ def fit_terms(
     ctx: FitnessContext,
     detail: bool = False,
     term_sizes: list[int] | None = None,
-    efficiency_terms: list[bool | tuple[float, float]] | None = None,
+    efficiency_terms: list[tuple[float, float] | None] | None = None,
 ) -> Score:
     """Fit ``intercept + sum(coef_i * term_i)`` and measure its errors.
 
     Each term is a function of primitive columns (leave-one-model-out passes the terms
-    of an archived expression), or the search's evolved terms compiled (``FusedTerms``). Coefficients are
-    >= 0; those of efficiency terms (``efficiency_terms[i]``: a time in µs) lie inside
-    ``ctx.efficiency_bounds``, or inside the term's own interval where ``efficiency_terms[i]``
-    is one (``EfficiencyBounds.of``: a capped primitive). A fit that fails ``ctx.probes`` (not monotone in work, or
-    faster than the measured kernels allow) scores worst.
+    of an archived expression), or the search's evolved terms compiled (``FusedTerms``).
+    Coefficients are >= 0; an efficiency term's (a time in µs) lies inside its interval
+    ``efficiency_terms[i]`` (``EfficiencyBounds.of``: the run's bounds, or a capped
+    primitive's; None for a count). A fit that fails ``ctx.probes`` (not monotone in work,
+    or faster than the measured kernels allow) scores worst.
     """
     terms = term_fns if isinstance(term_fns, FusedTerms) else NumpyTerms(list(term_fns))
     st = ctx.steps
@@ -335,11 +335,9 @@ def fit_terms(
     if st is None and not replay_rows:
         raise ValueError("nothing to score: no step rows and no replayed experiments")
     lower, upper = np.zeros(len(G)), np.full(len(G), np.inf)
-    for j, eff in enumerate(efficiency_terms or [False] * k):
-        if eff is True:
-            lower[j], upper[j] = ctx.efficiency_bounds
-        elif eff:
-            lower[j], upper[j] = eff
+    for j, interval in enumerate(efficiency_terms or [None] * k):
+        if interval is not None:
+            lower[j], upper[j] = interval
     theta = bounded_gram(G, h, lower, upper)
     if theta is None:
         return _worst()

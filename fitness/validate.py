@@ -180,7 +180,7 @@ def refit(terms: list[sp.Expr], rows: ReplayRows, keep, bounds=DEFAULT_EFFICIENC
     sub = rows.subset(kept)
     sub.observed_us = observed
     bounds = as_bounds(bounds)  # the search's bounds (and caps) hold in refits too
-    efficiency = [bounds.of_term(t) if term_physics(t) else False for t in terms]
+    efficiency = [bounds.of_term(t) if term_physics(t) else None for t in terms]
     ctx = FitnessContext(None, sub, efficiency_bounds=bounds)
     score = fit_terms([SympyTerm(t) for t in terms], ctx, efficiency_terms=efficiency)
     if not score.ok:

@@ -151,6 +151,19 @@ def _number(row: dict, key: str, path: Path) -> float:
     return value
 
 
+def _decode_rows(path: Path) -> list[tuple[float, float, float, str]]:
+    """(batch, context length, latency µs, KV dtype) of every row of a decode-attention table."""
+    return [
+        (
+            _number(row, "batch_size", path),
+            _number(row, "kv_len", path),
+            _number(row, "latency_us", path),
+            row.get("kv_dtype", "bf16"),
+        )
+        for row in _read_csv(path)
+    ]
+
+
 def _loglog(x: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     """Linear in log-log inside [xs[0], xs[-1]] (callers extend outside)."""
     return np.exp2(np.interp(np.log2(x), np.log2(xs), np.log2(ys)))
@@ -208,10 +221,8 @@ class MeasuredKernels:
         path = self._decode[key]
         scale = (n_kv_heads / tp) / (key[1] / key[3])
         rows: dict[float, list[tuple[float, float]]] = {}
-        for row in _read_csv(path):
-            rows.setdefault(_number(row, "batch_size", path), []).append(
-                (_number(row, "kv_len", path), _number(row, "latency_us", path))
-            )
+        for b, context_len, latency, _ in _decode_rows(path):
+            rows.setdefault(b, []).append((context_len, latency))
         floor = min(v for pts in rows.values() for _, v in pts)
         batches = np.array(sorted(rows))
         context = np.asarray(context, dtype=np.float64)
@@ -265,15 +276,11 @@ class MeasuredKernels:
         prices = []
         for (_, kv, d, tp), path in sorted(self._decode.items()):
             rows: dict[tuple[float, float], list[tuple[float, float]]] = {}  # (batch, bytes/token) -> points
-            for row in _read_csv(path):
-                dtype = row.get("kv_dtype", "bf16")
+            for b, context_len, latency, dtype in _decode_rows(path):
                 if dtype not in DTYPE_BYTES:
                     raise InputError(path, "kv_dtype", f"one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
-                b = _number(row, "batch_size", path)
                 bytes_per_token = 2 * kv / tp * d * DTYPE_BYTES[dtype]
-                rows.setdefault((b, bytes_per_token), []).append(
-                    (_number(row, "kv_len", path), _number(row, "latency_us", path))
-                )
+                rows.setdefault((b, bytes_per_token), []).append((context_len, latency))
             for (b, bytes_per_token), pts in rows.items():
                 pts.sort()
                 for (c0, t0), (c1, t1) in pairwise(pts):
