@@ -35,8 +35,11 @@ METHOD = (
 )
 
 
-def blackbox_baseline(experiments_dir, resolver: DeploymentResolver, seed: int = 0, jobs: int | None = None) -> dict:
-    """Fit the per-model blackbox on the experiments with results and validate it in the closed loop."""
+def blackbox_baseline(
+    experiments_dir, resolver: DeploymentResolver, seed: int = 0, jobs: int | None = None, arrival_seeds: int = 1
+) -> dict:
+    """Fit the per-model blackbox on the experiments with results and validate it in the closed loop
+    (with as many sequences of arrivals as the model it is compared with)."""
     jobs = jobs or default_jobs()
     specs = scored_experiments(Path(experiments_dir))
     rows = build_replay_rows(Path(experiments_dir), resolver, list(BLACKBOX_TERMS), seed, jobs)
@@ -49,4 +52,8 @@ def blackbox_baseline(experiments_dir, resolver: DeploymentResolver, seed: int =
             raise InputError(experiments_dir, "results", f"could not fit the blackbox baseline of {model}")
         fitted[model] = {"expression": got[0], "overheads": got[1]}
     runs = [(s, fitted[model_of[s.name]]["expression"], fitted[model_of[s.name]]["overheads"]) for s in specs]
-    return {"method": METHOD, "models": fitted, "experiments": closed_loop_runs(runs, resolver, seed, jobs)}
+    return {
+        "method": METHOD,
+        "models": fitted,
+        "experiments": closed_loop_runs(runs, resolver, seed, jobs, True, arrival_seeds),
+    }

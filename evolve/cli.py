@@ -280,6 +280,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     _check_writable_file(args.json, "--json")
     if args.report and args.mode:
         raise InputError("--report", None, f"the report is of the closed-loop validation; drop --{args.mode}")
+    if args.step_time_scale != 1.0 and args.mode:
+        raise InputError("--step-time-scale", None, f"a what-if of the closed-loop validation; drop --{args.mode}")
     report_dir = writable_dir(args.report, "--report") if args.report else None
     entry = _get_entry(args.run_dir, args.id)
     resolver = _resolver(args)
@@ -299,6 +301,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             baseline=with_baseline,
             plot_dir=report_dir,
             refit_rounds=args.refit_rounds,
+            arrival_seeds=args.arrival_seeds,
+            step_time_scale=args.step_time_scale,
         )
     if args.json:
         mode = {"mode": args.mode or "closed-loop", "lomo": args.mode == "lomo"}

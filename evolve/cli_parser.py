@@ -45,6 +45,9 @@ _positive_int = _number_arg(int, lambda v: v >= 1, "a number >= 1")
 _nonnegative_int = _number_arg(int, lambda v: v >= 0, "a number >= 0")
 _jobs = _number_arg(int, lambda v: v >= 1 or v == -1, "a number >= 1 (or -1 for every core)")
 _seed = _number_arg(int, lambda v: 0 <= v <= MAX_SEED, f"a seed in 0..{MAX_SEED}")
+MAX_ARRIVAL_SEEDS = 100
+_scale = _number_arg(float, lambda v: 0.1 <= v <= 10, "a factor in 0.1..10", "a number")
+_arrival_seeds = _number_arg(int, lambda v: 1 <= v <= MAX_ARRIVAL_SEEDS, f"a number in 1..{MAX_ARRIVAL_SEEDS}")
 _positive_float = _number_arg(
     float, lambda v: math.isfinite(v) and v > 0, "a positive number of seconds", "a number of seconds"
 )
@@ -140,6 +143,21 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
         default=REFIT_ROUNDS,
         metavar="N",
         help=f"transfer checks: re-record each fold's training runs with its refit N times (default: {REFIT_ROUNDS})",
+    )
+    p.add_argument(
+        "--arrival-seeds",
+        type=_arrival_seeds,
+        default=1,
+        metavar="N",
+        help="simulate each experiment with N sequences of arrivals and compare their mean; the JSON"
+        " and the report give their range (default: 1)",
+    )
+    p.add_argument(
+        "--step-time-scale",
+        type=_scale,
+        default=1.0,
+        metavar="F",
+        help="what-if: every step takes F times the model's step time (closed loop only; default 1)",
     )
     p.add_argument("--baseline", action="store_true", help="also fit and run the BLIS blackbox baseline (slow)")
     p.add_argument("--report", metavar="DIR", help="write a self-contained HTML report there (implies --baseline)")

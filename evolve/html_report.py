@@ -74,6 +74,9 @@ def _error_cell(item: dict, metric: str, stat: str) -> str:
     cls = "good" if abs(err) <= 0.10 else ("fair" if abs(err) <= 0.15 else "bad")
     pred, obs = item.get(f"{metric}_{stat}_pred_s"), item.get(f"{metric}_{stat}_obs_s")
     tip = f"predicted {_num(pred)} s, observed {_num(obs)} s"
+    low, high = item.get(f"{metric}_{stat}_pred_min_s"), item.get(f"{metric}_{stat}_pred_max_s")
+    if low is not None and high is not None:
+        tip += f" (simulated {_num(low)} to {_num(high)} s over the arrival sequences)"
     return f"<td class='{cls}' title='{escape(tip)}'>{_pct(err, signed=True)}</td>"
 
 
@@ -246,6 +249,18 @@ def _model_section(entry) -> str:
     )
 
 
+def _arrivals_note(result: dict) -> str:
+    scale = result.get("step_time_scale", 1.0)
+    what_if = f" What-if: every step takes {scale:g} times the model's step time." if scale != 1.0 else ""
+    seeds = next((i["arrival_seeds"] for i in result.get("experiments", []) if i.get("arrival_seeds")), [])
+    if len(seeds) <= 1:
+        return what_if
+    return what_if + (
+        f" Each simulated figure is the mean of {len(seeds)} sequences of arrivals (seeds {seeds[0]}–{seeds[-1]});"
+        " the bars of the predicted-against-observed plots and a cell's hover text give their range."
+    )
+
+
 def render(result: dict, entry, experiments_dir: str = "") -> str:
     """The whole page (a string of HTML)."""
     items = result.get("experiments", [])
@@ -262,7 +277,9 @@ def render(result: dict, entry, experiments_dir: str = "") -> str:
         f"<h1>Validation of {escape(entry.id)}</h1>",
         f"<p class='note'>closed loop over {len(items)} experiments ({len(scored)} with results) under "
         f"<code>{escape(experiments_dir)}</code>; written {when}. Errors are predicted / observed − 1, "
-        "over the successful requests; ITL pools every gap between streamed events (two events per token).</p>",
+        "over the successful requests; ITL pools every gap between streamed events (two events per token)."
+        + _arrivals_note(result)
+        + "</p>",
         "<h2>Summary</h2>",
         _table(["latency", "mean |error|", "max |error|"], summary_rows(result.get("summary", {}))),
         "<h2>Errors per experiment and load stage</h2>",

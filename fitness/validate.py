@@ -55,29 +55,66 @@ def failure_fraction(metrics) -> float | None:
     return metrics.failures / total if total else None
 
 
-def compare(pred, obs) -> dict:
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def compare(preds: list, obs) -> dict:
     """Predicted against observed lifecycle metrics (whole run or one stage): means and
-    percentiles, signed errors, failures."""
+    percentiles, signed errors, failures.
+
+    ``preds`` holds one simulation's metrics per arrival sequence (``closed_loop_runs``);
+    each predicted figure is their mean, and with more than one, ``<metric>_<stat>_pred_min_s``
+    and ``_pred_max_s`` give their range: where the server saturates, one sequence of
+    arrivals can put a tail percentile tens of percent away from another.
+    """
+    preds = [p for p in preds if p is not None]
+    served_nothing = bool(preds) and all(p.successes == 0 for p in preds)
     out: dict = {}
     for m in LATENCY_METRICS:
         for stat in REPORT_STATS:
-            p = pred.stat_s(m, stat) if pred is not None else None
-            o = obs.stat_s(m, stat) if obs is not None else None
+            values = [v for v in (p.stat_s(m, stat) for p in preds) if v is not None]
+            p, o = _mean(values), (obs.stat_s(m, stat) if obs is not None else None)
             out[f"{m}_{stat}_pred_s"] = p
             out[f"{m}_{stat}_obs_s"] = o
             out[f"{m}_{stat}_error"] = (p / o - 1.0) if (p is not None and o) else None
-            if o and pred is not None and pred.successes == 0:
+            if o and served_nothing:
                 out[f"{m}_{stat}_error"] = float("inf")  # served nothing of what was served: the worst score
+            if len(preds) > 1:
+                out[f"{m}_{stat}_pred_min_s"] = min(values) if values else None
+                out[f"{m}_{stat}_pred_max_s"] = max(values) if values else None
         if m in REPLAY_METRICS:
             out[f"{m}_error"] = out[f"{m}_mean_error"]  # the mean's error, under its first name
-    curves = lambda metrics, m: dict(metrics.distributions.get(m, {})) if metrics is not None else {}  # noqa: E731
-    out["percentiles_s"] = {m: {"pred": curves(pred, m), "obs": curves(obs, m)} for m in LATENCY_METRICS}
-    out["successes_pred"] = int(pred.successes) if pred is not None else None
-    out["failures_pred"] = int(pred.failures) if pred is not None else None
+    out["percentiles_s"] = {
+        m: {"pred": _mean_curve([p.distributions.get(m, {}) for p in preds]), "obs": _curve(obs, m)}
+        for m in LATENCY_METRICS
+    }
+    out["successes_pred"] = round(np.mean([p.successes for p in preds])) if preds else None
+    out["failures_pred"] = round(np.mean([p.failures for p in preds])) if preds else None
     out["failures_obs"] = int(obs.failures) if obs is not None else None
-    out["failure_fraction_pred"] = failure_fraction(pred)
+    out["failure_fraction_pred"] = _mean([f for f in map(failure_fraction, preds) if f is not None])
     out["failure_fraction_obs"] = failure_fraction(obs)
     return out
+
+
+def _curve(metrics, m: str) -> dict:
+    return dict(metrics.distributions.get(m, {})) if metrics is not None else {}
+
+
+def _mean_curve(curves: list[dict]) -> dict:
+    """Each percentile's mean over the curves that have it (all of them, or none, in practice)."""
+    keys = [k for k in curves[0] if all(k in c for c in curves)] if curves else []
+    return {k: float(np.mean([c[k] for c in curves])) for k in keys}
+
+
+def simulate_outcome(spec: ExperimentSpec, deployment, expression: str, overheads: dict, seed: int, tails: bool):
+    """(client metrics, preemptions) of one simulation of an experiment with a model.
+
+    ``tails``: the percentiles too (the simulation logs every token: ~20% slower).
+    """
+    model = ExpressionLatencyModel(expression, deployment, overheads)
+    result = simulate(spec, deployment, model, seed=seed, record=False, distributions=tails)
+    return result.metrics, int(result.total_preemptions)
 
 
 def closed_loop_item(
@@ -85,16 +122,21 @@ def closed_loop_item(
 ) -> dict:
     """One experiment simulated with a model; predicted against observed (signed errors), per stage too.
 
-    ``tails``: the percentiles too (the simulation logs every token: ~20% slower); without
-    them the ``<metric>_<stat>`` fields of the percentiles are null.
+    Without ``tails`` the ``<metric>_<stat>`` fields of the percentiles are null.
     """
-    model = ExpressionLatencyModel(expression, deployment, overheads)
-    result = simulate(spec, deployment, model, seed=seed, record=False, distributions=tails)
-    pred, obs = result.metrics, spec.observed
+    outcome = simulate_outcome(spec, deployment, expression, overheads, seed, tails)
+    return outcome_item(spec, deployment, [outcome])
+
+
+def outcome_item(spec: ExperimentSpec, deployment, outcomes: list, seeds: list[int] | None = None) -> dict:
+    """The validation item of an experiment from its simulations (one per arrival sequence)."""
+    preds, obs = [m for m, _ in outcomes], spec.observed
     item: dict = {"name": spec.name, "model": deployment.model.name, "workload": spec.workload}
-    item.update(compare(pred.summary, obs.summary if obs is not None else None))
-    item["preemptions_pred"] = int(result.total_preemptions)
-    if pred.summary.successes == 0:  # a finding, not a crash: say which limit made it so
+    item.update(compare([p.summary for p in preds], obs.summary if obs is not None else None))
+    item["preemptions_pred"] = round(np.mean([n for _, n in outcomes]))
+    if seeds is not None and len(seeds) > 1:
+        item["arrival_seeds"] = list(seeds)
+    if all(p.summary.successes == 0 for p in preds):  # a finding, not a crash: say which limit made it so
         reason = no_success_reason(spec, deployment)
         item["no_success"] = reason[1] if reason else f"every request timed out ({spec.request_timeout_s:g} s)"
     item["stages"] = [
@@ -102,7 +144,7 @@ def closed_loop_item(
             "stage": i,
             "rate_per_s": rate,
             **compare(
-                pred.stages[i] if i < len(pred.stages) else None,
+                [p.stages[i] for p in preds if i < len(p.stages)],
                 obs.stages[i] if obs is not None and i < len(obs.stages) else None,
             ),
         }
@@ -119,8 +161,10 @@ def closed_loop_items(
     seed: int = 0,
     jobs: int | None = None,
     tails: bool = True,
+    arrival_seeds: int = 1,
 ) -> list[dict]:
-    return closed_loop_runs([(s, expression, overheads) for s in specs], resolver, seed, jobs, tails)
+    runs = [(s, expression, overheads) for s in specs]
+    return closed_loop_runs(runs, resolver, seed, jobs, tails, arrival_seeds)
 
 
 def closed_loop_runs(
@@ -129,13 +173,20 @@ def closed_loop_runs(
     seed: int = 0,
     jobs: int | None = None,
     tails: bool = True,
+    arrival_seeds: int = 1,
 ) -> list[dict]:
-    """:func:`closed_loop_item` of every (experiment, expression, overheads), in parallel."""
+    """:func:`outcome_item` of every (experiment, expression, overheads), simulated in parallel
+    with ``arrival_seeds`` sequences of arrivals (seeds ``seed``, ``seed + 1``, ...)."""
+    seeds = list(range(seed, seed + max(1, arrival_seeds)))
     runs = [(s, resolver.resolve_experiment(s), e, o) for s, e, o in runs]
+    tasks = [(*run, s, tails) for run in runs for s in seeds]
     jobs = jobs or default_jobs()
-    if jobs > 1 and len(runs) > 1:
-        return Parallel(n_jobs=jobs, backend="loky")(delayed(closed_loop_item)(*run, seed, tails) for run in runs)
-    return [closed_loop_item(*run, seed, tails) for run in runs]
+    if jobs > 1 and len(tasks) > 1:
+        outcomes = Parallel(n_jobs=jobs, backend="loky")(delayed(simulate_outcome)(*t) for t in tasks)
+    else:
+        outcomes = [simulate_outcome(*t) for t in tasks]
+    n = len(seeds)
+    return [outcome_item(run[0], run[1], outcomes[i * n : (i + 1) * n], seeds) for i, run in enumerate(runs)]
 
 
 def summarise(items: list[dict]) -> dict:

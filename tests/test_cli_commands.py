@@ -178,8 +178,9 @@ def test_unwritable_json_fails_before_work(project: Path, monkeypatch, capsys):
 
 
 def test_validate(project: Path, monkeypatch, capsys):
-    def validate_entry(entry, experiments_dir, mode, resolver, baseline=False, plot_dir=None, refit_rounds=2):
-        assert mode == "lomo" and experiments_dir == "exps" and refit_rounds == 1
+    def validate_entry(entry, experiments_dir, mode, resolver, **options):
+        assert mode == "lomo" and experiments_dir == "exps"
+        assert options["refit_rounds"] == 1 and options["arrival_seeds"] == 3 and options["step_time_scale"] == 1.0
         item = {
             "name": "a",
             "e2e_mean_pred_s": 1.05,
@@ -199,7 +200,11 @@ def test_validate(project: Path, monkeypatch, capsys):
     fake_module(monkeypatch, "evolve.validation", validate_entry=validate_entry)
     (project / "exps").mkdir()
     assert (
-        main(["validate", ENTRY.id, "--experiments", "exps", "--lomo", "--refit-rounds", "1", "--json", "v.json"]) == 0
+        main(
+            ["validate", ENTRY.id, "--experiments", "exps", "--lomo", "--refit-rounds", "1", "--arrival-seeds", "3"]
+            + ["--json", "v.json"]
+        )
+        == 0
     )
     saved = json.loads((project / "v.json").read_text())
     assert saved["lomo"] is True and saved["summary"]["e2e_error_mean"] == 0.07 and saved["id"] == ENTRY.id
@@ -208,12 +213,20 @@ def test_validate(project: Path, monkeypatch, capsys):
     assert "+5.0%" in out and "+10.0%" in out and "leave one model out" in out
     assert main(["validate", ENTRY.id, "--experiments", "nowhere"]) == 2
     assert "no such directory" in one_error_line(capsys)
+    for flag, bad in [("--arrival-seeds", "0"), ("--arrival-seeds", "101"), ("--arrival-seeds", "two")] + [
+        ("--step-time-scale", "0"),
+        ("--step-time-scale", "nan"),
+    ]:
+        assert main(["validate", ENTRY.id, "--experiments", "exps", flag, bad]) == 2
+        assert flag in capsys.readouterr().err
+    assert main(["validate", ENTRY.id, "--experiments", "exps", "--step-time-scale", "1.1", "--lowo"]) == 2
+    assert "--step-time-scale" in one_error_line(capsys)
 
 
 def test_validate_transfer_modes_are_mutually_exclusive(project: Path, monkeypatch, capsys):
     seen = []
 
-    def validate_entry(entry, experiments_dir, mode, resolver, baseline=False, plot_dir=None, refit_rounds=2):
+    def validate_entry(entry, experiments_dir, mode, resolver, **options):
         seen.append(mode)
         return {
             "summary": {"e2e_error_mean": 0.0, "workloads": {"codegen": {"e2e_error_mean": 0.0}}},

@@ -217,8 +217,8 @@ def test_cli_report_and_its_bad_input(tmp_path, monkeypatch, capsys, validated):
     res, _ = validated
     seen = {}
 
-    def fake_validate_entry(entry, experiments_dir, mode, resolver, baseline=False, plot_dir=None, refit_rounds=2):
-        seen.update(baseline=baseline, plot_dir=plot_dir)
+    def fake_validate_entry(entry, experiments_dir, mode, resolver, **options):
+        seen.update(baseline=options["baseline"], plot_dir=options["plot_dir"])
         return res
 
     monkeypatch.chdir(tmp_path)
@@ -243,3 +243,20 @@ def test_cli_report_and_its_bad_input(tmp_path, monkeypatch, capsys, validated):
     assert main(["validate", ENTRY.id, "--experiments", "exps", "--report", "afile"]) == 2
     assert "not a directory" in capsys.readouterr().err
     assert np.isfinite(res["ranking"][0]["kendall_tau"])
+
+
+def test_the_report_says_what_the_figures_are_the_mean_of(validated):
+    """``validate --arrival-seeds N --report``: the page says so, and a cell's hover gives the range."""
+    import copy
+
+    from evolve.html_report import render
+
+    res, root = validated
+    assert "sequences of arrivals" not in render(res, entry(), str(root))
+    res = copy.deepcopy(res)
+    res["arrival_seeds"] = 3
+    item = res["experiments"][0]
+    item.update(arrival_seeds=[0, 1, 2], e2e_mean_pred_min_s=0.5, e2e_mean_pred_max_s=0.75)
+    page = render(res, entry(), str(root))
+    assert "the mean of 3 sequences of arrivals (seeds 0–2)" in page
+    assert "simulated 0.5 to 0.75 s over the arrival sequences" in page
