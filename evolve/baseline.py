@@ -36,10 +36,10 @@ METHOD = (
 
 
 def blackbox_baseline(
-    experiments_dir, resolver: DeploymentResolver, seed: int = 0, jobs: int | None = None, arrival_seeds: int = 1
+    experiments_dir, resolver: DeploymentResolver, seed: int = 0, jobs: int | None = None, load_draws: int = 1
 ) -> dict:
     """Fit the per-model blackbox on the experiments with results and validate it in the closed loop
-    (with as many sequences of arrivals as the model it is compared with)."""
+    (with as many draws of the load as the model it is compared with)."""
     jobs = jobs or default_jobs()
     specs = scored_experiments(Path(experiments_dir))
     rows = build_replay_rows(Path(experiments_dir), resolver, list(BLACKBOX_TERMS), seed, jobs)
@@ -55,5 +55,5 @@ def blackbox_baseline(
     return {
         "method": METHOD,
         "models": fitted,
-        "experiments": closed_loop_runs(runs, resolver, seed, jobs, True, arrival_seeds),
+        "experiments": closed_loop_runs(runs, resolver, seed, jobs, True, load_draws),
     }

@@ -301,13 +301,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
             baseline=with_baseline,
             plot_dir=report_dir,
             refit_rounds=args.refit_rounds,
-            arrival_seeds=args.arrival_seeds,
+            load_draws=args.load_draws,
             step_time_scale=args.step_time_scale,
         )
     if args.json:
         mode = {"mode": args.mode or "closed-loop", "lomo": args.mode == "lomo"}
         _write_json(args.json, {"id": entry.id, "expression": entry.expression, **mode, **dict(result)})
-    print_validation(console, result, f"Validation of {entry.id}" + (f" ({kind})" if kind else ""))
+    scaled = f" (step time x{args.step_time_scale:g})" if args.step_time_scale != 1.0 else ""
+    print_validation(console, result, f"Validation of {entry.id}" + (f" ({kind})" if kind else "") + scaled)
     if report_dir is not None:
         from evolve.html_report import write_report
 

@@ -45,9 +45,9 @@ _positive_int = _number_arg(int, lambda v: v >= 1, "a number >= 1")
 _nonnegative_int = _number_arg(int, lambda v: v >= 0, "a number >= 0")
 _jobs = _number_arg(int, lambda v: v >= 1 or v == -1, "a number >= 1 (or -1 for every core)")
 _seed = _number_arg(int, lambda v: 0 <= v <= MAX_SEED, f"a seed in 0..{MAX_SEED}")
-MAX_ARRIVAL_SEEDS = 100
+MAX_LOAD_DRAWS = 100
 _scale = _number_arg(float, lambda v: 0.1 <= v <= 10, "a factor in 0.1..10", "a number")
-_arrival_seeds = _number_arg(int, lambda v: 1 <= v <= MAX_ARRIVAL_SEEDS, f"a number in 1..{MAX_ARRIVAL_SEEDS}")
+_load_draws = _number_arg(int, lambda v: 1 <= v <= MAX_LOAD_DRAWS, f"a number in 1..{MAX_LOAD_DRAWS}")
 _positive_float = _number_arg(
     float, lambda v: math.isfinite(v) and v > 0, "a positive number of seconds", "a number of seconds"
 )
@@ -145,11 +145,12 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
         help=f"transfer checks: re-record each fold's training runs with its refit N times (default: {REFIT_ROUNDS})",
     )
     p.add_argument(
-        "--arrival-seeds",
-        type=_arrival_seeds,
+        "--load-draws",
+        type=_load_draws,
         default=1,
         metavar="N",
-        help="simulate each experiment with N sequences of arrivals and compare their mean; the JSON"
+        help="simulate each experiment with N draws of the load (arrival times, prompt lengths) and"
+        " compare their mean; the JSON"
         " and the report give their range (default: 1)",
     )
     p.add_argument(

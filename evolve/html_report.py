@@ -76,7 +76,7 @@ def _error_cell(item: dict, metric: str, stat: str) -> str:
     tip = f"predicted {_num(pred)} s, observed {_num(obs)} s"
     low, high = item.get(f"{metric}_{stat}_pred_min_s"), item.get(f"{metric}_{stat}_pred_max_s")
     if low is not None and high is not None:
-        tip += f" (simulated {_num(low)} to {_num(high)} s over the arrival sequences)"
+        tip += f" (simulated {_num(low)} to {_num(high)} s over the draws of the load)"
     return f"<td class='{cls}' title='{escape(tip)}'>{_pct(err, signed=True)}</td>"
 
 
@@ -249,14 +249,15 @@ def _model_section(entry) -> str:
     )
 
 
-def _arrivals_note(result: dict) -> str:
+def _draws_note(result: dict) -> str:
     scale = result.get("step_time_scale", 1.0)
     what_if = f" What-if: every step takes {scale:g} times the model's step time." if scale != 1.0 else ""
-    seeds = next((i["arrival_seeds"] for i in result.get("experiments", []) if i.get("arrival_seeds")), [])
+    seeds = next((i["load_seeds"] for i in result.get("experiments", []) if i.get("load_seeds")), [])
     if len(seeds) <= 1:
         return what_if
     return what_if + (
-        f" Each simulated figure is the mean of {len(seeds)} sequences of arrivals (seeds {seeds[0]}–{seeds[-1]});"
+        f" Each simulated figure is the mean of {len(seeds)} draws of the load (arrival times and prompt"
+        f" lengths; seeds {seeds[0]}–{seeds[-1]});"
         " the bars of the predicted-against-observed plots and a cell's hover text give their range."
     )
 
@@ -278,7 +279,7 @@ def render(result: dict, entry, experiments_dir: str = "") -> str:
         f"<p class='note'>closed loop over {len(items)} experiments ({len(scored)} with results) under "
         f"<code>{escape(experiments_dir)}</code>; written {when}. Errors are predicted / observed − 1, "
         "over the successful requests; ITL pools every gap between streamed events (two events per token)."
-        + _arrivals_note(result)
+        + _draws_note(result)
         + "</p>",
         "<h2>Summary</h2>",
         _table(["latency", "mean |error|", "max |error|"], summary_rows(result.get("summary", {}))),

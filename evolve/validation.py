@@ -71,13 +71,14 @@ def validate_entry(
     baseline: bool = False,
     plot_dir: Path | None = None,
     refit_rounds: int = REFIT_ROUNDS,
-    arrival_seeds: int = 1,
+    load_draws: int = 1,
     step_time_scale: float = 1.0,
 ) -> dict:
     """Closed-loop validation of an entry (``mode`` None), or one of the transfer checks (``MODES``).
 
-    ``arrival_seeds``: each experiment is simulated with that many sequences of arrivals
-    (seeds ``seed``, ``seed + 1``, ...) and compared by their mean (``fitness.validate.compare``).
+    ``load_draws``: each experiment is simulated with that many draws of the load generator's
+    randomness, arrival times and prompt lengths (seeds ``seed``, ``seed + 1``, ...), and
+    compared by their mean (``fitness.validate.compare``).
     ``step_time_scale`` (closed loop only): a what-if, every step that factor slower or faster
     (how far a run is from overload); the result's ``expression`` is the scaled one.
 
@@ -94,16 +95,18 @@ def validate_entry(
     if not specs:
         raise InputError(experiments_dir, None, "no experiment directories (with exp-config.yaml) found here")
     if mode is not None:
-        return _transfer(entry, experiments_dir, mode, resolver, jobs, seed, plot_dir, refit_rounds, arrival_seeds)
+        return _transfer(entry, experiments_dir, mode, resolver, jobs, seed, plot_dir, refit_rounds, load_draws)
     expression = entry.expression if step_time_scale == 1.0 else f"{step_time_scale!r}*({entry.expression})"
-    items = closed_loop_items(specs, resolver, expression, entry.overheads, seed, jobs, True, arrival_seeds)
-    plot = plot_predicted_vs_observed(items, _plot_path(entry, "", plot_dir), f"{entry.id}: closed-loop validation")
-    base = blackbox_baseline(experiments_dir, resolver, seed, jobs, arrival_seeds) if baseline else None
+    items = closed_loop_items(specs, resolver, expression, entry.overheads, seed, jobs, True, load_draws)
+    what_if = "" if step_time_scale == 1.0 else f"-x{step_time_scale:g}"  # a what-if keeps the real plot
+    title = f"{entry.id}: closed-loop validation" + (f", step time x{step_time_scale:g}" if what_if else "")
+    plot = plot_predicted_vs_observed(items, _plot_path(entry, what_if, plot_dir), title)
+    base = blackbox_baseline(experiments_dir, resolver, seed, jobs, load_draws) if baseline else None
     result = {
         "id": entry.id,
         "expression": expression,
         "mode": "closed-loop",
-        "arrival_seeds": arrival_seeds,
+        "load_draws": load_draws,
         "step_time_scale": step_time_scale,
         "experiments": items,
         "summary": summarise(items),
@@ -219,7 +222,7 @@ def transfer_items(
     tails: bool = True,
     rounds: int = 0,
     rerecord: Rerecord | None = None,
-    arrival_seeds: int = 1,
+    load_draws: int = 1,
 ) -> tuple[list[dict], dict[str, dict]]:
     """Refit the terms' constants on each fold's rows (``refit_fold``), simulate its held-out experiments.
 
@@ -234,7 +237,7 @@ def transfer_items(
             raise InputError("expression", None, f"could not refit its constants without the {fold.held}")
         expression, overheads = fitted
         got = []
-        for it in closed_loop_items(fold.specs, resolver, expression, overheads, seed, jobs, tails, arrival_seeds):
+        for it in closed_loop_items(fold.specs, resolver, expression, overheads, seed, jobs, tails, load_draws):
             for shown in fold.report(it):
                 shown.setdefault(f"held_out_{kind}", fold.held)
                 shown["refit_expression"] = expression
@@ -246,7 +249,7 @@ def transfer_items(
 
 
 def _transfer(
-    entry, experiments_dir: Path, mode: str, resolver, jobs, seed, plot_dir=None, rounds=REFIT_ROUNDS, arrival_seeds=1
+    entry, experiments_dir: Path, mode: str, resolver, jobs, seed, plot_dir=None, rounds=REFIT_ROUNDS, load_draws=1
 ) -> dict:
     scored = scored_experiments(experiments_dir)
     kind, folds = transfer_folds(mode, scored, resolver)
@@ -264,7 +267,7 @@ def _transfer(
     bounds = run_efficiency_bounds(entry.run_config)
     try:
         items, per_group = transfer_items(
-            terms, rows, folds, kind, resolver, seed, jobs, bounds, True, rounds, rerecord, arrival_seeds
+            terms, rows, folds, kind, resolver, seed, jobs, bounds, True, rounds, rerecord, load_draws
         )
     except InputError as exc:
         raise InputError(entry.id, "expression", exc.expected) from None
@@ -278,7 +281,7 @@ def _transfer(
         "expression": entry.expression,
         "mode": mode,
         "lomo": mode == "lomo",
-        "arrival_seeds": arrival_seeds,
+        "load_draws": load_draws,
         "experiments": items,
         "summary": summary,
     }

@@ -168,9 +168,9 @@ def print_validation(console, result: dict, title: str) -> None:
     if result.get("ranking"):
         console.print(ranking_table(result["ranking"]))
     console.print(summary_table(result.get("summary", {})))
-    if result.get("arrival_seeds", 1) > 1:
-        n = result["arrival_seeds"]
-        console.print(f"predicted: mean of {n} arrival sequences per experiment (range: --json, --report)")
+    if result.get("load_draws", 1) > 1:
+        n = result["load_draws"]
+        console.print(f"predicted: mean of {n} draws of the load per experiment (range: --json, --report)")
     for item in result.get("experiments", []):
         if item.get("no_success"):
             console.print(f"{item['name']}: no request succeeded: {item['no_success']}", markup=False, soft_wrap=True)
@@ -214,7 +214,7 @@ def predicted_vs_observed_figure(items: list[dict], title: str, stats: tuple[str
                 sel = [k for k, i in enumerate(have) if i["model"] == model]
                 ax.scatter(obs[sel], pred[sel], s=28, color=colours[model], label=model)
                 spread = [(have[k].get(f"{m}_{stat}_pred_min_s"), have[k].get(f"{m}_{stat}_pred_max_s")) for k in sel]
-                if sel and all(a is not None and b is not None for a, b in spread):  # range over arrival seeds
+                if sel and all(a is not None and b is not None for a, b in spread):  # range over the draws of the load
                     below = pred[sel] - np.array([a for a, _ in spread])
                     above = np.array([b for _, b in spread]) - pred[sel]
                     ax.errorbar(obs[sel], pred[sel], yerr=[below, above], fmt="none", ecolor=colours[model], lw=1)
@@ -231,8 +231,8 @@ def predicted_vs_observed_figure(items: list[dict], title: str, stats: tuple[str
             ax.set_title(f"{m.upper()} {stat}")
     if axes[0][0].get_legend_handles_labels()[0]:  # no panel when no experiment had a successful request
         axes[0][0].legend(fontsize=7, loc="upper left")
-    seeds = max((len(i.get("arrival_seeds", ())) for i in rows), default=0)
-    fig.suptitle(title + (f" (mean of {seeds} arrival sequences; bars: their range)" if seeds > 1 else ""), fontsize=10)
+    draws = max((len(i.get("load_seeds", ())) for i in rows), default=0)
+    fig.suptitle(title + (f" (mean of {draws} draws of the load; bars: their range)" if draws > 1 else ""), fontsize=10)
     fig.tight_layout()
     return fig
 

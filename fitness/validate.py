@@ -63,13 +63,15 @@ def compare(preds: list, obs) -> dict:
     """Predicted against observed lifecycle metrics (whole run or one stage): means and
     percentiles, signed errors, failures.
 
-    ``preds`` holds one simulation's metrics per arrival sequence (``closed_loop_runs``);
+    ``preds`` holds one simulation's metrics per draw of the load (``closed_loop_runs``);
     each predicted figure is their mean, and with more than one, ``<metric>_<stat>_pred_min_s``
-    and ``_pred_max_s`` give their range: where the server saturates, one sequence of
-    arrivals can put a tail percentile tens of percent away from another.
+    and ``_pred_max_s`` give their range: where the server saturates, one draw of arrivals
+    can put a tail percentile tens of percent away from another. A draw that served no
+    request has no latency to average: the errors are then the worst score, as for one
+    draw, and ``no_success_draws`` counts such draws.
     """
     preds = [p for p in preds if p is not None]
-    served_nothing = bool(preds) and all(p.successes == 0 for p in preds)
+    no_success_draws = sum(p.successes == 0 for p in preds)
     out: dict = {}
     for m in LATENCY_METRICS:
         for stat in REPORT_STATS:
@@ -78,7 +80,7 @@ def compare(preds: list, obs) -> dict:
             out[f"{m}_{stat}_pred_s"] = p
             out[f"{m}_{stat}_obs_s"] = o
             out[f"{m}_{stat}_error"] = (p / o - 1.0) if (p is not None and o) else None
-            if o and served_nothing:
+            if o and no_success_draws:
                 out[f"{m}_{stat}_error"] = float("inf")  # served nothing of what was served: the worst score
             if len(preds) > 1:
                 out[f"{m}_{stat}_pred_min_s"] = min(values) if values else None
@@ -89,8 +91,10 @@ def compare(preds: list, obs) -> dict:
         m: {"pred": _mean_curve([p.distributions.get(m, {}) for p in preds]), "obs": _curve(obs, m)}
         for m in LATENCY_METRICS
     }
-    out["successes_pred"] = round(np.mean([p.successes for p in preds])) if preds else None
-    out["failures_pred"] = round(np.mean([p.failures for p in preds])) if preds else None
+    out["successes_pred"] = int(round(float(np.mean([p.successes for p in preds])))) if preds else None
+    out["failures_pred"] = int(round(float(np.mean([p.failures for p in preds])))) if preds else None
+    if len(preds) > 1:
+        out["no_success_draws"] = int(no_success_draws)
     out["failures_obs"] = int(obs.failures) if obs is not None else None
     out["failure_fraction_pred"] = _mean([f for f in map(failure_fraction, preds) if f is not None])
     out["failure_fraction_obs"] = failure_fraction(obs)
@@ -117,25 +121,16 @@ def simulate_outcome(spec: ExperimentSpec, deployment, expression: str, overhead
     return result.metrics, int(result.total_preemptions)
 
 
-def closed_loop_item(
-    spec: ExperimentSpec, deployment, expression: str, overheads: dict, seed: int = 0, tails: bool = True
-) -> dict:
-    """One experiment simulated with a model; predicted against observed (signed errors), per stage too.
-
-    Without ``tails`` the ``<metric>_<stat>`` fields of the percentiles are null.
-    """
-    outcome = simulate_outcome(spec, deployment, expression, overheads, seed, tails)
-    return outcome_item(spec, deployment, [outcome])
-
-
 def outcome_item(spec: ExperimentSpec, deployment, outcomes: list, seeds: list[int] | None = None) -> dict:
-    """The validation item of an experiment from its simulations (one per arrival sequence)."""
+    """The validation item of an experiment from its simulations (one per draw of the load):
+    predicted against observed (signed errors), per stage too. Without percentiles in the
+    simulations (``tails``), the ``<metric>_<stat>`` fields of the percentiles are null."""
     preds, obs = [m for m, _ in outcomes], spec.observed
     item: dict = {"name": spec.name, "model": deployment.model.name, "workload": spec.workload}
     item.update(compare([p.summary for p in preds], obs.summary if obs is not None else None))
-    item["preemptions_pred"] = round(np.mean([n for _, n in outcomes]))
+    item["preemptions_pred"] = int(round(float(np.mean([n for _, n in outcomes]))))
     if seeds is not None and len(seeds) > 1:
-        item["arrival_seeds"] = list(seeds)
+        item["load_seeds"] = list(seeds)
     if all(p.summary.successes == 0 for p in preds):  # a finding, not a crash: say which limit made it so
         reason = no_success_reason(spec, deployment)
         item["no_success"] = reason[1] if reason else f"every request timed out ({spec.request_timeout_s:g} s)"
@@ -144,7 +139,7 @@ def outcome_item(spec: ExperimentSpec, deployment, outcomes: list, seeds: list[i
             "stage": i,
             "rate_per_s": rate,
             **compare(
-                [p.stages[i] for p in preds if i < len(p.stages)],
+                [p.stages[i] for p in preds],  # every draw has the spec's stages
                 obs.stages[i] if obs is not None and i < len(obs.stages) else None,
             ),
         }
@@ -161,10 +156,10 @@ def closed_loop_items(
     seed: int = 0,
     jobs: int | None = None,
     tails: bool = True,
-    arrival_seeds: int = 1,
+    load_draws: int = 1,
 ) -> list[dict]:
     runs = [(s, expression, overheads) for s in specs]
-    return closed_loop_runs(runs, resolver, seed, jobs, tails, arrival_seeds)
+    return closed_loop_runs(runs, resolver, seed, jobs, tails, load_draws)
 
 
 def closed_loop_runs(
@@ -173,11 +168,12 @@ def closed_loop_runs(
     seed: int = 0,
     jobs: int | None = None,
     tails: bool = True,
-    arrival_seeds: int = 1,
+    load_draws: int = 1,
 ) -> list[dict]:
     """:func:`outcome_item` of every (experiment, expression, overheads), simulated in parallel
-    with ``arrival_seeds`` sequences of arrivals (seeds ``seed``, ``seed + 1``, ...)."""
-    seeds = list(range(seed, seed + max(1, arrival_seeds)))
+    with ``load_draws`` draws of the load generator's randomness, arrival times and re-tokenised
+    prompt lengths (seeds ``seed``, ``seed + 1``, ...)."""
+    seeds = list(range(seed, seed + max(1, load_draws)))
     runs = [(s, resolver.resolve_experiment(s), e, o) for s, e, o in runs]
     tasks = [(*run, s, tails) for run in runs for s in seeds]
     jobs = jobs or default_jobs()

@@ -180,7 +180,7 @@ def test_unwritable_json_fails_before_work(project: Path, monkeypatch, capsys):
 def test_validate(project: Path, monkeypatch, capsys):
     def validate_entry(entry, experiments_dir, mode, resolver, **options):
         assert mode == "lomo" and experiments_dir == "exps"
-        assert options["refit_rounds"] == 1 and options["arrival_seeds"] == 3 and options["step_time_scale"] == 1.0
+        assert options["refit_rounds"] == 1 and options["load_draws"] == 3 and options["step_time_scale"] == 1.0
         item = {
             "name": "a",
             "e2e_mean_pred_s": 1.05,
@@ -201,7 +201,7 @@ def test_validate(project: Path, monkeypatch, capsys):
     (project / "exps").mkdir()
     assert (
         main(
-            ["validate", ENTRY.id, "--experiments", "exps", "--lomo", "--refit-rounds", "1", "--arrival-seeds", "3"]
+            ["validate", ENTRY.id, "--experiments", "exps", "--lomo", "--refit-rounds", "1", "--load-draws", "3"]
             + ["--json", "v.json"]
         )
         == 0
@@ -213,12 +213,12 @@ def test_validate(project: Path, monkeypatch, capsys):
     assert "+5.0%" in out and "+10.0%" in out and "leave one model out" in out
     assert main(["validate", ENTRY.id, "--experiments", "nowhere"]) == 2
     assert "no such directory" in one_error_line(capsys)
-    for flag, bad in [("--arrival-seeds", "0"), ("--arrival-seeds", "101"), ("--arrival-seeds", "two")] + [
+    for flag, bad in [("--load-draws", "0"), ("--load-draws", "101"), ("--load-draws", "two")] + [
         ("--step-time-scale", "0"),
         ("--step-time-scale", "nan"),
     ]:
         assert main(["validate", ENTRY.id, "--experiments", "exps", flag, bad]) == 2
-        assert flag in capsys.readouterr().err
+        assert flag in one_error_line(capsys)
     assert main(["validate", ENTRY.id, "--experiments", "exps", "--step-time-scale", "1.1", "--lowo"]) == 2
     assert "--step-time-scale" in one_error_line(capsys)
 

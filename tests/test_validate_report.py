@@ -246,17 +246,17 @@ def test_cli_report_and_its_bad_input(tmp_path, monkeypatch, capsys, validated):
 
 
 def test_the_report_says_what_the_figures_are_the_mean_of(validated):
-    """``validate --arrival-seeds N --report``: the page says so, and a cell's hover gives the range."""
+    """``validate --load-draws N --report``: the page says so, and a cell's hover gives the range."""
     import copy
 
     from evolve.html_report import render
 
     res, root = validated
-    assert "sequences of arrivals" not in render(res, entry(), str(root))
+    assert "draws of the load" not in render(res, entry(), str(root))
     res = copy.deepcopy(res)
-    res["arrival_seeds"] = 3
+    res["load_draws"] = 3
     item = res["experiments"][0]
-    item.update(arrival_seeds=[0, 1, 2], e2e_mean_pred_min_s=0.5, e2e_mean_pred_max_s=0.75)
+    item.update(load_seeds=[0, 1, 2], e2e_mean_pred_min_s=0.5, e2e_mean_pred_max_s=0.75)
     page = render(res, entry(), str(root))
-    assert "the mean of 3 sequences of arrivals (seeds 0–2)" in page
-    assert "simulated 0.5 to 0.75 s over the arrival sequences" in page
+    assert "the mean of 3 draws of the load (arrival times and prompt lengths; seeds 0–2)" in page
+    assert "simulated 0.5 to 0.75 s over the draws of the load" in page

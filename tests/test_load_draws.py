@@ -1,6 +1,8 @@
-"""``validate --arrival-seeds N``: each experiment simulated with N sequences of arrivals,
-compared by their mean, with their range beside it (where the server saturates, one
-sequence can put a tail tens of percent away from another)."""
+"""``validate --load-draws N``: each experiment simulated with N draws of the load
+(arrival times, prompt lengths), compared by their mean, with their range beside it
+(where the server saturates, one draw can put a tail tens of percent away from another)."""
+
+from pathlib import Path
 
 import pytest
 from matplotlib.container import ErrorbarContainer
@@ -26,9 +28,21 @@ def test_compare_takes_the_mean_of_the_realisations_and_their_range():
     assert got["failure_fraction_pred"] == pytest.approx(0.125)  # 1/4 and 0/4
     assert got["percentiles_s"]["e2e"]["pred"] == {"p90": pytest.approx(2.3), "p99": 9.0}
     assert got["ttft_mean_pred_s"] is None and got["ttft_mean_pred_min_s"] is None  # nothing to average
+    assert got["no_success_draws"] == 0
     one = compare([_metrics(3, 1, 1.0, 2.0)], obs)  # one realisation: no range fields, figures as they were
-    assert one["e2e_mean_pred_s"] == 1.0 and "e2e_mean_pred_min_s" not in one
+    assert one["e2e_mean_pred_s"] == 1.0 and "e2e_mean_pred_min_s" not in one and "no_success_draws" not in one
     assert one["failure_fraction_pred"] == 0.25
+
+
+def test_a_draw_that_serves_nothing_scores_worst():
+    """As with one draw: a model that serves nothing in any draw gets the worst score, not the
+    mean of the draws that did serve."""
+    obs = _metrics(4, 0, 1.0, 2.0)
+    got = compare([_metrics(4, 0, 1.0, 2.0), LifecycleMetrics(0, 4)], obs)
+    assert got["e2e_mean_pred_s"] == 1.0  # the serving draw's figure, for what it is worth
+    assert got["e2e_mean_error"] == float("inf") and got["e2e_p90_error"] == float("inf")
+    assert got["no_success_draws"] == 1 and got["failure_fraction_pred"] == 0.5
+    assert (got["successes_pred"], got["failures_pred"]) == (2, 2) and isinstance(got["successes_pred"], int)
 
 
 def test_validate_compares_the_mean_of_the_seeds_own_runs(tmp_path, monkeypatch):
@@ -37,12 +51,12 @@ def test_validate_compares_the_mean_of_the_seeds_own_runs(tmp_path, monkeypatch)
     observe(write_experiment(tmp_path, "exp-a-llama-2-7b-tp1-general", *LLAMA_7B, stages=stages))
     resolver = default_resolver()
     single = [validate_entry(entry(), tmp_path, None, resolver, jobs=1, seed=s)["experiments"][0] for s in (0, 1, 2)]
-    res = validate_entry(entry(), tmp_path, None, resolver, jobs=2, arrival_seeds=3)
+    res = validate_entry(entry(), tmp_path, None, resolver, jobs=2, load_draws=3)
     (item,) = res["experiments"]
-    assert res["arrival_seeds"] == 3 and item["arrival_seeds"] == [0, 1, 2]
+    assert res["load_draws"] == 3 and item["load_seeds"] == [0, 1, 2]
     for key in ("e2e_mean", "ttft_p90", "itl_p99"):
         runs = [s[f"{key}_pred_s"] for s in single]
-        assert len(set(runs)) > 1  # the sequences of arrivals differ, so the check means something
+        assert len(set(runs)) > 1  # the draws differ, so the check means something
         assert item[f"{key}_pred_s"] == pytest.approx(sum(runs) / 3)
         assert (item[f"{key}_pred_min_s"], item[f"{key}_pred_max_s"]) == (min(runs), max(runs))
         assert item[f"{key}_error"] == pytest.approx(item[f"{key}_pred_s"] / item[f"{key}_obs_s"] - 1)
@@ -53,7 +67,7 @@ def test_validate_compares_the_mean_of_the_seeds_own_runs(tmp_path, monkeypatch)
     assert single[0]["e2e_error"] == pytest.approx(0.0, abs=1e-9)  # seed 0 made the 'observation'
     fig = predicted_vs_observed_figure(res["experiments"], "t")
     bars = [c for ax in fig.axes for c in ax.containers if isinstance(c, ErrorbarContainer)]
-    assert len(bars) == 3 and "mean of 3 arrival sequences" in fig._suptitle.get_text()
+    assert len(bars) == 3 and "mean of 3 draws of the load" in fig._suptitle.get_text()
 
 
 def test_a_slower_step_what_if(tmp_path, monkeypatch):
@@ -69,5 +83,29 @@ def test_a_slower_step_what_if(tmp_path, monkeypatch):
     (a,), (b,) = base["experiments"], slow["experiments"]
     assert b["itl_mean_pred_s"] == pytest.approx(1.5 * a["itl_mean_pred_s"], rel=0.05)  # ITL is the step time
     assert b["e2e_mean_pred_s"] > a["e2e_mean_pred_s"] and b["ttft_mean_pred_s"] > a["ttft_mean_pred_s"]
+    assert Path(slow["plot"]).name == "validate-abc123-x1.5.png" != Path(base["plot"]).name  # both kept
     with pytest.raises(InputError, match="closed-loop validation only"):
         validate_entry(entry(), tmp_path, "lowo", resolver, jobs=1, step_time_scale=1.5)
+
+
+def test_transfer_checks_and_the_baseline_take_as_many_draws(tmp_path, monkeypatch):
+    import evolve.baseline as baseline
+
+    monkeypatch.chdir(tmp_path)
+    for workload in ("general", "codegen"):
+        observe(
+            write_experiment(tmp_path, f"exp-{workload}-llama-2-7b-tp1-{workload}", *LLAMA_7B, rate=3.0, duration=6)
+        )
+    res = validate_entry(entry(), tmp_path, "lowo", default_resolver(), jobs=1, load_draws=2)
+    assert res["load_draws"] == 2 and [i["load_seeds"] for i in res["experiments"]] == [[0, 1], [0, 1]]
+    assert all("e2e_mean_pred_max_s" in i for i in res["experiments"])
+    seen = []
+    real = baseline.closed_loop_runs
+
+    def spy(runs, resolver, seed, jobs, tails, load_draws):
+        seen.append(load_draws)
+        return real(runs, resolver, seed, jobs, tails, load_draws)
+
+    monkeypatch.setattr(baseline, "closed_loop_runs", spy)
+    res = validate_entry(entry(), tmp_path, None, default_resolver(), jobs=1, load_draws=2, baseline=True)
+    assert seen == [2] and all(i["load_seeds"] == [0, 1] for i in res["baseline"]["experiments"])
