@@ -170,7 +170,7 @@ def print_validation(console, result: dict, title: str) -> None:
     console.print(summary_table(result.get("summary", {})))
     if result.get("load_draws", 1) > 1:
         n = result["load_draws"]
-        console.print(f"predicted: mean of {n} draws of the load per experiment (range: --json, --report)")
+        console.print(f"predicted: the mean of {n} draws of the load (their range: --json, --report)")
     for item in result.get("experiments", []):
         if item.get("no_success"):
             console.print(f"{item['name']}: no request succeeded: {item['no_success']}", markup=False, soft_wrap=True)
