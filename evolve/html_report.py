@@ -76,7 +76,11 @@ def _error_cell(item: dict, metric: str, stat: str) -> str:
     tip = f"predicted {_num(pred)} s, observed {_num(obs)} s"
     low, high = item.get(f"{metric}_{stat}_pred_min_s"), item.get(f"{metric}_{stat}_pred_max_s")
     if low is not None and high is not None:
-        tip += f" (simulated {_num(low)} to {_num(high)} s over the draws of the load)"
+        tip += f" (simulated {_num(low)} to {_num(high)} s over the draws of the load"
+        inside = item.get(f"{metric}_{stat}_obs_in_range")
+        tip += (
+            ")" if inside is None else (": the observation is inside)" if inside else ": the observation is outside)")
+        )
     return f"<td class='{cls}' title='{escape(tip)}'>{_pct(err, signed=True)}</td>"
 
 
@@ -109,16 +113,28 @@ def _error_header() -> list[str]:
 
 
 def summary_rows(summary: dict) -> list[list[str]]:
-    """Mean and max absolute error of each (latency, statistic) over the experiments with results."""
+    """Mean and max absolute error of each (latency, statistic) over the experiments with results;
+    with several draws of the load, how many observations lie inside the draws' range too."""
     rows = []
+    inside = summary.get("obs_in_range")
     for m, s in ERROR_COLUMNS:
         key = f"{m}_error" if s == "mean" else f"{m}_{s}_error"
         if f"{key}_mean" in summary:
-            rows.append([f"{LABELS[m]} {s}", _pct(summary[f"{key}_mean"]), _pct(summary[f"{key}_max"])])
+            row = [f"{LABELS[m]} {s}", _pct(summary[f"{key}_mean"]), _pct(summary[f"{key}_max"])]
+            if inside:
+                got = inside.get(f"{m}_{s}")
+                row.append(f"{got[0]} of {got[1]}" if got else "—")
+            rows.append(row)
     if summary.get("failure_fraction_diff_pp_mean") is not None:
         pp = [f"{summary[f'failure_fraction_diff_pp_{k}']:.1f} pp" for k in ("mean", "max")]
-        rows.append(["failed fraction", *pp])
+        rows.append(["failed fraction", *pp] + (["—"] if inside else []))
     return rows
+
+
+def summary_header(summary: dict) -> list[str]:
+    return ["latency", "mean |error|", "max |error|"] + (
+        ["observed inside the range of the draws"] if summary.get("obs_in_range") else []
+    )
 
 
 # -- percentile curves ------------------------------------------------------------------
@@ -217,7 +233,7 @@ def _baseline_section(result: dict) -> str:
         + _table(["model", "fitted step time (µs)", "fitted overheads (µs)"], fits)
         + "<h3>Baseline errors (closed loop)</h3>"
         + _table(_error_header(), error_rows(base["experiments"], stages=False))
-        + _table(["latency", "mean |error|", "max |error|"], summary_rows(base.get("summary", {})))
+        + _table(summary_header(base.get("summary", {})), summary_rows(base.get("summary", {})))
     )
 
 
@@ -282,7 +298,7 @@ def render(result: dict, entry, experiments_dir: str = "") -> str:
         + _draws_note(result)
         + "</p>",
         "<h2>Summary</h2>",
-        _table(["latency", "mean |error|", "max |error|"], summary_rows(result.get("summary", {}))),
+        _table(summary_header(result.get("summary", {})), summary_rows(result.get("summary", {}))),
         "<h2>Errors per experiment and load stage</h2>",
         "<p class='note'>green within 10%, yellow within 15%, red beyond; hover a cell for the values.</p>",
         _table(_error_header(), error_rows(items, stages=True)),

@@ -171,11 +171,17 @@ def print_validation(console, result: dict, title: str) -> None:
     if result.get("load_draws", 1) > 1:
         n = result["load_draws"]
         console.print(f"predicted: the mean of {n} draws of the load (their range: --json, --report)")
+        inside = result.get("summary", {}).get("obs_in_range", {})
+        counts = [
+            f"{LABELS[m]} {inside[f'{m}_mean'][0]}/{inside[f'{m}_mean'][1]}" for m in LABELS if f"{m}_mean" in inside
+        ]
+        if counts:  # where it lies outside, the miss is the model's, not the load's randomness
+            console.print("means inside the draws' range: " + ", ".join(counts))
     for item in result.get("experiments", []):
         if item.get("no_success"):
             console.print(f"{item['name']}: no request succeeded: {item['no_success']}", markup=False, soft_wrap=True)
     for key, groups in result.get("summary", {}).items():  # per held-out model or workload
-        if isinstance(groups, dict):
+        if isinstance(groups, dict) and key != "obs_in_range":
             console.print(held_out_table(groups, key[:-1]))
     if result.get("plot"):
         console.print(f"plot: {result['plot']}", markup=False, highlight=False, soft_wrap=True)

@@ -66,7 +66,8 @@ def compare(preds: list, obs) -> dict:
     ``preds`` holds one simulation's metrics per draw of the load (``closed_loop_runs``);
     each predicted figure is their mean, and with more than one, ``<metric>_<stat>_pred_min_s``
     and ``_pred_max_s`` give their range: where the server saturates, one draw of arrivals
-    can put a tail percentile tens of percent away from another. A draw that served no
+    can put a tail percentile tens of percent away from another; ``_obs_in_range`` says
+    whether the observation (one draw too) lies inside it. A draw that served no
     request has no latency to average: the errors are then the worst score, as for one
     draw, and ``no_success_draws`` counts such draws.
     """
@@ -83,8 +84,10 @@ def compare(preds: list, obs) -> dict:
             if o and no_success_draws:
                 out[f"{m}_{stat}_error"] = float("inf")  # served nothing of what was served: the worst score
             if len(preds) > 1:
-                out[f"{m}_{stat}_pred_min_s"] = min(values) if values else None
-                out[f"{m}_{stat}_pred_max_s"] = max(values) if values else None
+                low, high = (min(values), max(values)) if values else (None, None)
+                out[f"{m}_{stat}_pred_min_s"], out[f"{m}_{stat}_pred_max_s"] = low, high
+                # inside the draws' range, a miss is as large as the load's own randomness makes it
+                out[f"{m}_{stat}_obs_in_range"] = bool(low <= o <= high) if (o and values) else None
         if m in REPLAY_METRICS:
             out[f"{m}_error"] = out[f"{m}_mean_error"]  # the mean's error, under its first name
     out["percentiles_s"] = {
@@ -187,7 +190,9 @@ def closed_loop_runs(
 
 def summarise(items: list[dict]) -> dict:
     """Mean and max absolute error of each metric (means, and the tails: ``e2e_p99_error_max``)
-    over the items with results, and of the failure fraction's difference in percentage points."""
+    over the items with results, and of the failure fraction's difference in percentage points.
+    With several draws of the load, ``obs_in_range`` counts, per ``<metric>_<stat>``, the
+    observations that lie inside the draws' range, out of those compared."""
     out: dict = {"experiments": len(items), "with_results": 0}
     for m, (mean, worst, n) in error_stats({m: [i.get(f"{m}_error") for i in items] for m in REPLAY_METRICS}).items():
         out["with_results"] = n
@@ -202,6 +207,14 @@ def summarise(items: list[dict]) -> dict:
         for i in items
         if i.get("failure_fraction_pred") is not None and i.get("failure_fraction_obs") is not None
     ]
+    in_range = {}  # with several draws: [observations inside the draws' range, observations]
+    for m in LATENCY_METRICS:
+        for stat in REPORT_STATS:
+            inside = [i[f"{m}_{stat}_obs_in_range"] for i in items if i.get(f"{m}_{stat}_obs_in_range") is not None]
+            if inside:
+                in_range[f"{m}_{stat}"] = [int(sum(inside)), len(inside)]
+    if in_range:
+        out["obs_in_range"] = in_range
     out["failure_fraction_diff_pp_mean"] = float(np.mean(diffs)) if diffs else None
     out["failure_fraction_diff_pp_max"] = float(np.max(diffs)) if diffs else None
     return out

@@ -10,7 +10,7 @@ from test_validate import LLAMA_7B, entry, observe, write_experiment
 
 from evolve.validation import validate_entry
 from evolve.validation_view import predicted_vs_observed_figure
-from fitness.validate import compare
+from fitness.validate import compare, summarise
 from primitives.data.experiments import LifecycleMetrics
 from primitives.deployment import default_resolver
 
@@ -29,8 +29,13 @@ def test_compare_takes_the_mean_of_the_realisations_and_their_range():
     assert got["percentiles_s"]["e2e"]["pred"] == {"p90": pytest.approx(2.3), "p99": 9.0}
     assert got["ttft_mean_pred_s"] is None and got["ttft_mean_pred_min_s"] is None  # nothing to average
     assert got["no_success_draws"] == 0
+    assert got["e2e_mean_obs_in_range"] is True and got["e2e_p90_obs_in_range"] is True
+    low = compare([_metrics(4, 0, 1.1, 2.2), _metrics(4, 0, 1.2, 2.4)], obs)  # both draws above it
+    assert low["e2e_mean_obs_in_range"] is False and low["ttft_mean_obs_in_range"] is None
+    assert summarise([got, low, {**low, "e2e_mean_obs_in_range": None}])["obs_in_range"]["e2e_mean"] == [1, 2]
     one = compare([_metrics(3, 1, 1.0, 2.0)], obs)  # one realisation: no range fields, figures as they were
     assert one["e2e_mean_pred_s"] == 1.0 and "e2e_mean_pred_min_s" not in one and "no_success_draws" not in one
+    assert "e2e_mean_obs_in_range" not in one and "obs_in_range" not in summarise([one])
     assert one["failure_fraction_pred"] == 0.25
 
 

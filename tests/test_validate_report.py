@@ -142,10 +142,13 @@ def _lines(renderable_printer) -> list[str]:
 
 def test_validate_tables_fit_80_columns(validated):
     res, _ = validated
-    res = {**res, "load_draws": 100}  # the most draws the CLI takes: its line fits too
+    res = {**res, "load_draws": 100}  # the most draws the CLI takes: its lines fit too
+    inside = {f"{m}_mean": [100, 100] for m in ("e2e", "ttft", "itl", "tpot")}
+    res["summary"] = {**res["summary"], "obs_in_range": inside}
     lines = _lines(lambda c: print_validation(c, res, "Validation of abc123 (step time x1.05)"))
     assert max(len(line) for line in lines) <= 80
     assert any("the mean of 100 draws of the load" in line for line in lines)
+    assert any("means inside the draws' range: E2E 100/100, TTFT 100/100" in line for line in lines)
     text = "\n".join(lines)
     for words in ("E2E s", "p99", "Ranking", "model wrong", "TTFT p90", "llama-2-70b-hf tp4"):
         assert words in text
@@ -258,7 +261,9 @@ def test_the_report_says_what_the_figures_are_the_mean_of(validated):
     res = copy.deepcopy(res)
     res["load_draws"] = 3
     item = res["experiments"][0]
-    item.update(load_seeds=[0, 1, 2], e2e_mean_pred_min_s=0.5, e2e_mean_pred_max_s=0.75)
+    item.update(load_seeds=[0, 1, 2], e2e_mean_pred_min_s=0.5, e2e_mean_pred_max_s=0.75, e2e_mean_obs_in_range=False)
+    res["summary"] = {**res["summary"], "obs_in_range": {"e2e_mean": [3, 4]}}
     page = render(res, entry(), str(root))
     assert "the mean of 3 draws of the load (arrival times and prompt lengths; seeds 0–2)" in page
-    assert "simulated 0.5 to 0.75 s over the draws of the load" in page
+    assert "simulated 0.5 to 0.75 s over the draws of the load: the observation is outside" in page
+    assert "observed inside the range of the draws" in page and "<td>3 of 4</td>" in page
