@@ -24,7 +24,7 @@ from evolve.resume import fresh_config, resumed_config
 from evolve.search import Search
 from evolve.validation import closed_loop_check
 from fitness.dataset import build_step_table
-from fitness.efficiency import run_efficiency_bounds
+from fitness.efficiency import as_bounds
 from fitness.kv_sharing import trace_kv_sharing
 from fitness.physics_probes import PhysicsProbes
 from fitness.scoring import FitnessContext
@@ -159,7 +159,7 @@ def prepare_context(config: RunConfig, resolver: DeploymentResolver):
         table,
         None,
         config.replay_weight,
-        efficiency_bounds=run_efficiency_bounds(config.to_dict()),
+        efficiency_bounds=as_bounds(config.efficiency_bounds, config.efficiency_caps),
         probes=PhysicsProbes.build(deployments, names, floor_fraction=config.efficiency_bounds[0]),
     )
     return ctx, names, data

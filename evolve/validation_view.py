@@ -180,8 +180,8 @@ def print_validation(console, result: dict, title: str) -> None:
     for item in result.get("experiments", []):
         if item.get("no_success"):
             console.print(f"{item['name']}: no request succeeded: {item['no_success']}", markup=False, soft_wrap=True)
-    for key, groups in result.get("summary", {}).items():  # per held-out model or workload
-        if isinstance(groups, dict) and key != "obs_in_range":
+    for key, groups in result.get("summary", {}).items():  # per held-out model or workload: a summary each
+        if isinstance(groups, dict) and groups and all(isinstance(g, dict) for g in groups.values()):
             console.print(held_out_table(groups, key[:-1]))
     if result.get("plot"):
         console.print(f"plot: {result['plot']}", markup=False, highlight=False, soft_wrap=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 import sympy as sp
 
@@ -36,9 +37,13 @@ class EfficiencyBounds:
     def __iter__(self):
         return iter((self.lower, self.upper))
 
+    @cached_property
+    def _cap_of(self) -> dict[str, float]:  # the caps as a mapping, built once (``of`` is on the scoring path)
+        return dict(self.caps)
+
     def of(self, time_names: Iterable[str]) -> tuple[float, float]:
         """The interval of a term whose µs primitives are ``time_names``."""
-        caps = dict(self.caps)
+        caps = self._cap_of
         names = set(time_names)
         if names and names <= caps.keys():
             return self.lower, max(self.lower, min(self.upper, max(caps[n] for n in names)))
