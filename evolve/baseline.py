@@ -36,13 +36,18 @@ METHOD = (
 
 
 def blackbox_baseline(
-    experiments_dir, resolver: DeploymentResolver, seed: int = 0, jobs: int | None = None, load_draws: int = 1
+    experiments_dir,
+    resolver: DeploymentResolver,
+    seed: int = 0,
+    jobs: int | None = None,
+    load_draws: int = 1,
+    scatter=None,
 ) -> dict:
     """Fit the per-model blackbox on the experiments with results and validate it in the closed loop
-    (with as many draws of the load as the model it is compared with)."""
+    (with as many draws of the load, and the same step scatter, as the model it is compared with)."""
     jobs = jobs or default_jobs()
     specs = scored_experiments(Path(experiments_dir))
-    rows = build_replay_rows(Path(experiments_dir), resolver, list(BLACKBOX_TERMS), seed, jobs)
+    rows = build_replay_rows(Path(experiments_dir), resolver, list(BLACKBOX_TERMS), seed, jobs, scatter)
     terms = [sp.Symbol(t) for t in BLACKBOX_TERMS]
     model_of = {s.name: resolver.resolve_experiment(s).model.name for s in specs}
     fitted: dict[str, dict] = {}
@@ -55,5 +60,5 @@ def blackbox_baseline(
     return {
         "method": METHOD,
         "models": fitted,
-        "experiments": closed_loop_runs(runs, resolver, seed, jobs, True, load_draws),
+        "experiments": closed_loop_runs(runs, resolver, seed, jobs, True, load_draws, scatter),
     }

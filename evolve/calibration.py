@@ -43,6 +43,7 @@ from fitness.sim.latency_model import FITTED_NON_STEP_NAMES
 from fitness.sim.loadgen import NoSuccessfulRequest, require_success
 from fitness.sim.models import AnchoredModel, ExpressionLatencyModel, reference_model
 from fitness.sim.replay import OVERHEAD_NAMES, metric_weights
+from fitness.step_scatter import run_scatter, step_scales
 from primitives.compute import kernel_binding, primitive_columns
 from primitives.data.experiments import ExperimentSpec, find_experiments
 from primitives.deployment import DeploymentResolver
@@ -68,12 +69,14 @@ class Anchor:
     recording: object = None  # the SimResult of the pass at ``scale``, recorded (when asked for)
 
 
-def anchor(spec: ExperimentSpec, deployment, model, seed: int, record: bool = False) -> Anchor:
+def anchor(spec: ExperimentSpec, deployment, model, seed: int, record: bool = False, scatter=None) -> Anchor:
     """Solve ``ITL_closed_loop(scale * model) = ITL_observed`` for the scale.
 
     ``record``: every pass records its batches and the best one is kept, so that the
     recording at the anchored scale is not run again (a recorded pass of the compiled core
     costs about 1.4x an unrecorded one, a pass more costs 2x).
+
+    ``scatter``: the simulated steps scatter as measured (``fitness.step_scatter``), drawn with SEED.
 
     Near saturation the closed-loop ITL grows much faster than the scale (Llama-2-7B at
     20 req/s), so a plain fixed-point iteration overshoots and oscillates; this brackets
@@ -87,8 +90,11 @@ def anchor(spec: ExperimentSpec, deployment, model, seed: int, record: bool = Fa
     below: tuple[float, float] | None = None  # (log scale, log ITL ratio) of a pass with ITL too low
     above: tuple[float, float] | None = None
     x, best, recording = 0.0, (np.inf, 1.0), None
+    scales = step_scales(scatter, seed)
     for _ in range(ANCHOR_PASSES):
-        result = simulate(spec, deployment, AnchoredModel(model, np.exp(x)), seed=seed, record=record)
+        result = simulate(
+            spec, deployment, AnchoredModel(model, np.exp(x)), seed=seed, record=record, step_scales=scales
+        )
         metrics = result.metrics
         passes.append((float(np.exp(x)), metrics))
         pred = metrics.summary.itl_mean_s
@@ -119,11 +125,14 @@ def anchor(spec: ExperimentSpec, deployment, model, seed: int, record: bool = Fa
     return Anchor(best[1], passes, recording)
 
 
-def record_trajectory(spec: ExperimentSpec, deployment, model, names: list[str], seed: int) -> ExperimentTrajectory:
+def record_trajectory(
+    spec: ExperimentSpec, deployment, model, names: list[str], seed: int, scatter=None
+) -> ExperimentTrajectory:
     """One experiment's replay rows, recorded with MODEL anchored at the observed ITL."""
-    a = anchor(spec, deployment, model, seed, record=True)
+    a = anchor(spec, deployment, model, seed, record=True, scatter=scatter)
+    scales = step_scales(scatter, seed)
     recorder = AnchoredModel(model, a.scale) if a.passes else model
-    result = a.recording or simulate(spec, deployment, recorder, seed=seed, record=True)
+    result = a.recording or simulate(spec, deployment, recorder, seed=seed, record=True, step_scales=scales)
     require_success(spec, deployment, result.metrics.summary, "the recording model")
     traj = result.trajectory
     feats = traj.features()
@@ -150,7 +159,8 @@ def record_trajectory(spec: ExperimentSpec, deployment, model, names: list[str],
             s2, m2 = min(near, key=lambda it: abs(np.log(it[0] / a.scale)))
         else:
             s2 = a.scale * (1 + GAIN_STEP)
-            m2 = simulate(spec, deployment, AnchoredModel(model, s2), seed=seed, record=False).metrics
+            m2 = simulate(spec, deployment, AnchoredModel(model, s2), seed=seed, record=False, step_scales=scales)
+            m2 = m2.metrics
         gain = closed_loop_gain(labels, result.metrics, m2, s2 / a.scale, recorded_part_us)
         weights, fixed = linearise(weights, fixed, recorded_part_us, gain)
     probes = {k: v[probe_steps(feats, cols)] for k, v in cols.items()}
@@ -188,38 +198,47 @@ def experiments_fingerprint(directory: Path) -> str:
     return h.hexdigest()[:12]
 
 
-def trajectories(specs, resolver: DeploymentResolver, models: list, names: list[str], seed: int, jobs: int):
-    """Closed-loop runs of each experiment with its model, in parallel."""
+def trajectories(
+    specs, resolver: DeploymentResolver, models: list, names: list[str], seed: int, jobs: int, scatter=None
+):
+    """Closed-loop runs of each experiment with its model, in parallel (steps scattered as ``scatter``)."""
     deps = [resolver.resolve_experiment(s) for s in specs]
     if jobs > 1 and len(specs) > 1:
         return Parallel(n_jobs=jobs, backend="loky")(
-            delayed(record_trajectory)(s, d, m, names, seed) for s, d, m in zip(specs, deps, models, strict=True)
+            delayed(record_trajectory)(s, d, m, names, seed, scatter)
+            for s, d, m in zip(specs, deps, models, strict=True)
         )
-    return [record_trajectory(s, d, m, names, seed) for s, d, m in zip(specs, deps, models, strict=True)]
+    return [record_trajectory(s, d, m, names, seed, scatter) for s, d, m in zip(specs, deps, models, strict=True)]
 
 
 def build_replay_rows(
-    experiments_dir: Path, resolver: DeploymentResolver, names: list[str], seed: int, jobs: int
+    experiments_dir: Path, resolver: DeploymentResolver, names: list[str], seed: int, jobs: int, scatter=None
 ) -> ReplayRows:
     """Initial rows: trajectories recorded with the reference physics model."""
     specs = scored_experiments(Path(experiments_dir))
     models = [reference_model(resolver.resolve_experiment(s)) for s in specs]
-    return rows_from(trajectories(specs, resolver, models, names, seed, jobs))
+    return rows_from(trajectories(specs, resolver, models, names, seed, jobs, scatter))
 
 
 def record_rows(
-    specs: list[ExperimentSpec], resolver: DeploymentResolver, entry, names: list[str], seed: int, jobs: int
+    specs: list[ExperimentSpec],
+    resolver: DeploymentResolver,
+    entry,
+    names: list[str],
+    seed: int,
+    jobs: int,
+    scatter=None,
 ) -> ReplayRows:
     """Rows of these experiments, recorded with a model (expression and overheads) driving the closed loop."""
     models = [ExpressionLatencyModel.from_entry(entry, resolver.resolve_experiment(s)) for s in specs]
-    return rows_from(trajectories(specs, resolver, models, names, seed, jobs))
+    return rows_from(trajectories(specs, resolver, models, names, seed, jobs, scatter))
 
 
 def refresh_replay_rows(
-    experiments_dir: Path, resolver: DeploymentResolver, entry, names: list[str], seed: int, jobs: int
+    experiments_dir: Path, resolver: DeploymentResolver, entry, names: list[str], seed: int, jobs: int, scatter=None
 ) -> ReplayRows:
     """Rows of every experiment with results, re-recorded with an archived model (``record_rows``)."""
-    return record_rows(scored_experiments(Path(experiments_dir)), resolver, entry, names, seed, jobs)
+    return record_rows(scored_experiments(Path(experiments_dir)), resolver, entry, names, seed, jobs, scatter)
 
 
 # --- the search's side: which model records, and when ---------------------------------
@@ -255,12 +274,14 @@ def calibrated_replay_rows(
     Returns (rows, the model that recorded them).
     """
     exp_dir = Path(config.experiments)
+    scatter = run_scatter(config.to_dict())
     if replay_model is not None:
         ui.log("re-recording trajectories of the checkpointed replay model")
-        rows = refresh_replay_rows(exp_dir, resolver, model_entry(replay_model), names, config.seed, config.jobs)
+        entry = model_entry(replay_model)
+        rows = refresh_replay_rows(exp_dir, resolver, entry, names, config.seed, config.jobs, scatter)
         return rows, replay_model
     ui.log("recording reference trajectories (closed loop, every experiment)")
-    rows = build_replay_rows(exp_dir, resolver, names, config.seed, config.jobs)
+    rows = build_replay_rows(exp_dir, resolver, names, config.seed, config.jobs, scatter)
     recorded_by: tuple[str, dict] | None = None
     _, score = best_seed(replace(ctx, replay=rows), names)
     best = (score.replay_error, rows, recorded_by)
@@ -271,7 +292,8 @@ def calibrated_replay_rows(
             " re-recording with it"
         )
         try:
-            rows = refresh_replay_rows(exp_dir, resolver, model_entry(model), names, config.seed, config.jobs)
+            entry = model_entry(model)
+            rows = refresh_replay_rows(exp_dir, resolver, entry, names, config.seed, config.jobs, scatter)
         except NoSuccessfulRequest as exc:
             ui.log(f"calibration {r + 1}: keeping the previous trajectories: {exc}")
             break
@@ -298,7 +320,13 @@ def refresh_trajectories(search, config: RunConfig, resolver: DeploymentResolver
     ui.log(f"generation {search.state.generation}: refreshing trajectories with the current best model")
     try:
         rows = refresh_replay_rows(
-            Path(config.experiments), resolver, model_entry(model), names, config.seed, config.jobs
+            Path(config.experiments),
+            resolver,
+            model_entry(model),
+            names,
+            config.seed,
+            config.jobs,
+            run_scatter(config.to_dict()),
         )
     except NoSuccessfulRequest as exc:  # the model's own failure: keep the trajectories of the last one
         ui.log(f"refresh skipped, keeping the previous trajectories: {exc}")

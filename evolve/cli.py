@@ -282,10 +282,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise InputError("--report", None, f"the report is of the closed-loop validation; drop --{args.mode}")
     if args.step_time_scale != 1.0 and args.mode:
         raise InputError("--step-time-scale", None, f"a what-if of the closed-loop validation; drop --{args.mode}")
+    if args.step_scatter != "none":
+        _must_exist(args.step_scatter, "--step-scatter", "dir")
     report_dir = writable_dir(args.report, "--report") if args.report else None
     entry = _get_entry(args.run_dir, args.id)
     resolver = _resolver(args)
     from evolve.validation import validate_entry
+    from fitness.step_scatter import RUN_SCATTER
+
+    scatter = {None: RUN_SCATTER, "none": None}.get(args.step_scatter, args.step_scatter)
+    if isinstance(scatter, str) and scatter != RUN_SCATTER:
+        from evolve.validation import measured_step_scatter
+
+        scatter = measured_step_scatter(args.step_scatter, resolver)
     from evolve.validation_view import VALIDATE_MODES, print_validation
 
     console = _console()
@@ -303,6 +312,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             refit_rounds=args.refit_rounds,
             load_draws=args.load_draws,
             step_time_scale=args.step_time_scale,
+            step_scatter=scatter,
         )
     if args.json:
         mode = {"mode": args.mode or "closed-loop", "lomo": args.mode == "lomo"}

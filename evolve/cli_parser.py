@@ -103,6 +103,14 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     p.add_argument("--efficiency-bounds", type=parse_bounds, metavar="LO,HI", help=BOUNDS_HELP)
     p.add_argument(
+        "--step-scatter",
+        dest="scatter_steps",
+        action="store_const",
+        const=True,
+        help="simulated steps scatter as the step data's steps do around their neighbours (measured"
+        " once; validate uses it too)",
+    )
+    p.add_argument(
         "--checkpoint-every", type=_positive_int, metavar="N", help="generations between checkpoints (default 5)"
     )
     p.set_defaults(handler=handlers["run"])
@@ -159,6 +167,12 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
         default=1.0,
         metavar="F",
         help="what-if: every step takes F times the model's step time (closed loop only; default 1)",
+    )
+    p.add_argument(
+        "--step-scatter",
+        metavar="DIR|none",
+        help="each simulated step scatters around the model's time as the real steps in these traces"
+        " do around their neighbours; none: no scatter (default: the scatter the entry's run measured)",
     )
     p.add_argument("--baseline", action="store_true", help="also fit and run the BLIS blackbox baseline (slow)")
     p.add_argument("--report", metavar="DIR", help="write a self-contained HTML report there (implies --baseline)")

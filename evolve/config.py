@@ -34,6 +34,9 @@ class RunConfig:
     # caps of measured-kernel-priced terms (fitness.efficiency); None: from the GPU's kernels at the start
     efficiency_caps: dict[str, float] | None = None
     closed_loop_checks: int = 32  # front entries validated in the closed loop at the end of a replay run
+    # simulated steps scatter as the run's step data do (fitness.step_scatter), measured at the start
+    scatter_steps: bool = False
+    step_scatter: dict | None = None  # StepScatter.to_dict() of the measured scatter; None: none
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from html import escape
 from pathlib import Path
 
-from evolve.validation_view import LABELS, experiment_label, predicted_vs_observed_figure
+from evolve.validation_view import LABELS, experiment_label, predicted_vs_observed_figure, scatter_note
 from primitives.distribution import PERCENTILES, stat_key
 from primitives.files import atomic_write_text
 
@@ -296,6 +296,7 @@ def render(result: dict, entry, experiments_dir: str = "") -> str:
         f"<code>{escape(experiments_dir)}</code>; written {when}. Errors are predicted / observed − 1, "
         "over the successful requests; ITL pools every gap between streamed events (two events per token)."
         + _draws_note(result)
+        + (f" {escape(scatter_note(result)[:1].upper() + scatter_note(result)[1:])}." if scatter_note(result) else "")
         + "</p>",
         "<h2>Summary</h2>",
         _table(summary_header(result.get("summary", {})), summary_rows(result.get("summary", {}))),

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from archive.rundir import RunDir, default_run_dir, refuse_used_dir
 from evolve.config import RunConfig
+from fitness.step_scatter import StepScatter
 from primitives import checks
 from primitives.errors import InputError
 from primitives.files import read_mapping
@@ -29,6 +30,7 @@ FIXED_BY_THE_RUN = {
     "gpu_datasheet": "--gpu-datasheet",
     "kernels": "--kernels",
     "efficiency_bounds": "--efficiency-bounds",
+    "scatter_steps": "--step-scatter",
     "checkpoint_every": "--checkpoint-every",
 }
 PATH_FIELDS = ("experiments", "model_configs", "gpu_datasheet", "kernels")
@@ -73,6 +75,10 @@ def _saved_config(path: Path) -> RunConfig:
         raise InputError(path, "efficiency_caps", f"expected a mapping of primitive to a number, got {caps!r}")
     for name, cap in caps.items():
         checks.number(cap, path, f"efficiency_caps.{name}")
+    saved.setdefault("scatter_steps", False)  # a run from before the step scatter resumes without it
+    checks.boolean(saved["scatter_steps"], path, "scatter_steps")
+    if saved.get("step_scatter") is not None:
+        StepScatter.from_dict(saved["step_scatter"], path)
     return RunConfig.from_dict(saved)
 
 

@@ -29,6 +29,7 @@ from fitness.kv_sharing import trace_kv_sharing
 from fitness.physics_probes import PhysicsProbes
 from fitness.scoring import FitnessContext
 from fitness.sim.loadgen import check_servable
+from fitness.step_scatter import describe_scatter, measure_scatter, run_scatter
 from primitives.data.experiments import find_experiments
 from primitives.data.roots import default_data_dir
 from primitives.data.traces import load_steps
@@ -155,6 +156,12 @@ def prepare_context(config: RunConfig, resolver: DeploymentResolver):
                 deployments.append(dep)
     if config.efficiency_caps is None:  # a resumed run keeps the caps it started with
         config.efficiency_caps = efficiency_caps(list({d.gpu.name: d.gpu for d in deployments}.values()))
+    if config.scatter_steps and config.step_scatter is None:  # a resumed run keeps the scatter it measured
+        source = ", ".join(paths) if config.data else "the embedded default data"
+        try:
+            config.step_scatter = measure_scatter(table, source).to_dict()
+        except InputError:  # too few steps to tell scatter from a changing batch: none
+            config.step_scatter = None
     ctx = FitnessContext(
         table,
         None,
@@ -186,6 +193,9 @@ def _run(config: RunConfig, ui, termination: Termination) -> list:
         *(Path(v) if v else None for v in (config.model_configs, config.gpu_datasheet, config.kernels))
     )
     ctx, names, data = prepare_context(config, resolver)
+    if config.scatter_steps:
+        scatter = run_scatter(config.to_dict())
+        ui.log(describe_scatter(scatter.summary()) if scatter else "too few steps to measure their scatter: none")
     fingerprint = ctx.steps.fingerprint
     if config.experiments:
         fingerprint = f"{fingerprint}+{experiments_fingerprint(Path(config.experiments))}"
@@ -279,6 +289,7 @@ def _search(
                     ui,
                     rows=search.ctx.replay,
                     bounds=search.ctx.efficiency_bounds,
+                    scatter=run_scatter(config.to_dict()),
                 )
         except TimeLimitReached:  # the front stays as the search scored it
             ui.log("time limit reached during the final closed-loop check; the front keeps the search's scores")

@@ -40,14 +40,17 @@ from evolve.calibration import record_rows, scored_experiments
 from evolve.config import REFIT_ROUNDS
 from evolve.validation_view import VALIDATE_MODES as MODES
 from evolve.validation_view import plot_predicted_vs_observed
+from fitness.dataset import build_step_table
 from fitness.efficiency import DEFAULT_EFFICIENCY_BOUNDS, run_efficiency_bounds
 from fitness.ranking import ranking_check
 from fitness.replay_rows import REPLAY_METRICS, ReplayRows
 from fitness.scoring import error_stats
 from fitness.sim.loadgen import NoSuccessfulRequest
+from fitness.step_scatter import RUN_SCATTER, StepScatter, measure_scatter, run_scatter
 from fitness.transfer import TRANSFER_ERROR_CAP, experiment_error
 from fitness.validate import closed_loop_items, default_jobs, refit, split_terms, summarise
 from primitives.data.experiments import ExperimentSpec, find_experiments
+from primitives.data.traces import load_steps
 from primitives.deployment import DeploymentResolver
 from primitives.errors import InputError
 from primitives.language import parse_infix
@@ -59,6 +62,12 @@ def _plot_path(entry, suffix: str, plot_dir: Path | None = None) -> Path:
     run_dir = (entry.run_config or {}).get("run_dir")
     base = RunDir(Path(run_dir)).plots if run_dir and Path(run_dir).is_dir() else Path.cwd()
     return Path(plot_dir or base) / f"validate-{entry.id}{suffix}.png"
+
+
+def measured_step_scatter(steps_dir, resolver: DeploymentResolver) -> StepScatter:
+    """The scatter of the real steps in the traces under STEPS_DIR (``fitness.step_scatter``)."""
+    table = build_step_table(load_steps([Path(steps_dir)]), resolver, validation_fraction=0.0)
+    return measure_scatter(table, str(steps_dir))
 
 
 def validate_entry(
@@ -73,6 +82,7 @@ def validate_entry(
     refit_rounds: int = REFIT_ROUNDS,
     load_draws: int = 1,
     step_time_scale: float = 1.0,
+    step_scatter: StepScatter | str | None = RUN_SCATTER,
 ) -> dict:
     """Closed-loop validation of an entry (``mode`` None), or one of the transfer checks (``MODES``).
 
@@ -81,6 +91,10 @@ def validate_entry(
     compared by their mean (``fitness.validate.compare``).
     ``step_time_scale`` (closed loop only): a what-if, every step that factor slower or faster
     (how far a run is from overload); the result's ``expression`` is the scaled one.
+    ``step_scatter``: each simulated step (the transfer checks' recordings and the baseline's
+    too) takes the model's time times a draw from a scatter measured in real traces
+    (``fitness.step_scatter``): by default (``RUN_SCATTER``) the one the entry's run measured
+    and searched with; None: none.
 
     The closed-loop validation also checks how the entry ranks the experiments' tails
     (``fitness.ranking``); ``baseline`` adds the BLIS blackbox baseline (``evolve.baseline``)
@@ -90,24 +104,29 @@ def validate_entry(
         raise InputError(mode, "mode", f"expected one of {', '.join(m for m in MODES if m)}")
     if step_time_scale != 1.0 and mode is not None:
         raise InputError("step_time_scale", None, "a what-if of the closed-loop validation only")
+    if step_scatter == RUN_SCATTER:
+        step_scatter = run_scatter(entry.run_config)
     experiments_dir = Path(experiments_dir)
     specs = find_experiments(experiments_dir)
     if not specs:
         raise InputError(experiments_dir, None, "no experiment directories (with exp-config.yaml) found here")
     if mode is not None:
-        return _transfer(entry, experiments_dir, mode, resolver, jobs, seed, plot_dir, refit_rounds, load_draws)
+        return _transfer(
+            entry, experiments_dir, mode, resolver, jobs, seed, plot_dir, refit_rounds, load_draws, step_scatter
+        )
     expression = entry.expression if step_time_scale == 1.0 else f"{step_time_scale!r}*({entry.expression})"
-    items = closed_loop_items(specs, resolver, expression, entry.overheads, seed, jobs, True, load_draws)
+    items = closed_loop_items(specs, resolver, expression, entry.overheads, seed, jobs, True, load_draws, step_scatter)
     what_if = "" if step_time_scale == 1.0 else f"-x{step_time_scale:g}"  # a what-if keeps the real plot
     title = f"{entry.id}: closed-loop validation" + (f", step time x{step_time_scale:g}" if what_if else "")
     plot = plot_predicted_vs_observed(items, _plot_path(entry, what_if, plot_dir), title)
-    base = blackbox_baseline(experiments_dir, resolver, seed, jobs, load_draws) if baseline else None
+    base = blackbox_baseline(experiments_dir, resolver, seed, jobs, load_draws, step_scatter) if baseline else None
     result = {
         "id": entry.id,
         "expression": expression,
         "mode": "closed-loop",
         "load_draws": load_draws,
         "step_time_scale": step_time_scale,
+        "step_scatter": step_scatter.summary() if step_scatter is not None else None,
         "experiments": items,
         "summary": summarise(items),
         "ranking": ranking_check(items, base["experiments"] if base else None),
@@ -223,6 +242,7 @@ def transfer_items(
     rounds: int = 0,
     rerecord: Rerecord | None = None,
     load_draws: int = 1,
+    scatter: StepScatter | None = None,
 ) -> tuple[list[dict], dict[str, dict]]:
     """Refit the terms' constants on each fold's rows (``refit_fold``), simulate its held-out experiments.
 
@@ -237,7 +257,9 @@ def transfer_items(
             raise InputError("expression", None, f"could not refit its constants without the {fold.held}")
         expression, overheads = fitted
         got = []
-        for it in closed_loop_items(fold.specs, resolver, expression, overheads, seed, jobs, tails, load_draws):
+        for it in closed_loop_items(
+            fold.specs, resolver, expression, overheads, seed, jobs, tails, load_draws, scatter
+        ):
             for shown in fold.report(it):
                 shown.setdefault(f"held_out_{kind}", fold.held)
                 shown["refit_expression"] = expression
@@ -249,7 +271,16 @@ def transfer_items(
 
 
 def _transfer(
-    entry, experiments_dir: Path, mode: str, resolver, jobs, seed, plot_dir=None, rounds=REFIT_ROUNDS, load_draws=1
+    entry,
+    experiments_dir: Path,
+    mode: str,
+    resolver,
+    jobs,
+    seed,
+    plot_dir=None,
+    rounds=REFIT_ROUNDS,
+    load_draws=1,
+    scatter: StepScatter | None = None,
 ) -> dict:
     scored = scored_experiments(experiments_dir)
     kind, folds = transfer_folds(mode, scored, resolver)
@@ -257,17 +288,17 @@ def _transfer(
     names = sorted({s.name for t in terms for s in t.free_symbols}) or ["batch_size"]
     jobs = jobs or default_jobs()
     # trajectories recorded with the entry itself; each fold's refit re-records its own (``refit_fold``)
-    rows = record_rows(scored, resolver, entry, names, seed, jobs)
+    rows = record_rows(scored, resolver, entry, names, seed, jobs, scatter)
     by_name = {s.name: s for s in scored}
 
     def rerecord(expression: str, overheads: dict, training: list[str]):
         model = SimpleNamespace(expression=expression, overheads=overheads)
-        return record_rows([by_name[n] for n in training], resolver, model, names, seed, jobs)
+        return record_rows([by_name[n] for n in training], resolver, model, names, seed, jobs, scatter)
 
     bounds = run_efficiency_bounds(entry.run_config)
     try:
         items, per_group = transfer_items(
-            terms, rows, folds, kind, resolver, seed, jobs, bounds, True, rounds, rerecord, load_draws
+            terms, rows, folds, kind, resolver, seed, jobs, bounds, True, rounds, rerecord, load_draws, scatter
         )
     except InputError as exc:
         raise InputError(entry.id, "expression", exc.expected) from None
@@ -282,6 +313,7 @@ def _transfer(
         "mode": mode,
         "lomo": mode == "lomo",
         "load_draws": load_draws,
+        "step_scatter": scatter.summary() if scatter is not None else None,
         "experiments": items,
         "summary": summary,
     }
@@ -297,7 +329,9 @@ def _transfer(
 TRANSFER_MODES = ("lowo", "stage-transfer", "lomo")
 
 
-def transfer_errors(expression: str, rows, scored, resolver, seed: int, jobs, bounds) -> dict[str, float]:
+def transfer_errors(
+    expression: str, rows, scored, resolver, seed: int, jobs, bounds, scatter: StepScatter | None = None
+) -> dict[str, float]:
     """How the expression holds where its constants were not fitted: the three transfer checks,
     each fold refitted on ``rows``.
 
@@ -325,7 +359,9 @@ def transfer_errors(expression: str, rows, scored, resolver, seed: int, jobs, bo
         if mode != "stage-transfer" and len(folds) < 2:
             continue
         try:
-            items, _ = transfer_items(terms, rows, folds, kind, resolver, seed, jobs, bounds, tails=False)
+            items, _ = transfer_items(
+                terms, rows, folds, kind, resolver, seed, jobs, bounds, tails=False, scatter=scatter
+            )
         except InputError:
             worst = dict.fromkeys(REPLAY_METRICS, np.inf)
             capped += [TRANSFER_ERROR_CAP] * sum(len(f.specs) for f in folds)
@@ -353,6 +389,7 @@ def closed_loop_check(
     ui,
     rows=None,
     bounds=DEFAULT_EFFICIENCY_BOUNDS,  # or EfficiencyBounds, with the run's caps
+    scatter: StepScatter | None = None,  # the run's measured step scatter
 ) -> list:
     """Validate the most promising front entries in the closed loop; returns those checked.
 
@@ -379,7 +416,7 @@ def closed_loop_check(
     chosen = chosen[:limit]
     for e in chosen:
         ui.log(f"closed-loop check of {e.id} (complexity {e.complexity}) on {len(specs)} experiments")
-        items = closed_loop_items(specs, resolver, e.expression, e.overheads, seed, jobs, tails=False)
+        items = closed_loop_items(specs, resolver, e.expression, e.overheads, seed, jobs, False, scatter=scatter)
         stats = error_stats({m: [i[f"{m}_error"] for i in items] for m in REPLAY_METRICS})
         for m in REPLAY_METRICS:
             mean, worst, _ = stats[m]
@@ -398,7 +435,7 @@ def closed_loop_check(
         e.objectives["closed_loop"] = 1.0
         if rows is not None:
             ui.log(f"transfer checks of {e.id} (each workload, model and fast stage held out)")
-            e.objectives.update(transfer_errors(e.expression, rows, specs, resolver, seed, jobs, bounds))
+            e.objectives.update(transfer_errors(e.expression, rows, specs, resolver, seed, jobs, bounds, scatter))
         for i in items:
             e.per_experiment.setdefault(i["name"], {}).update(
                 {f"{m}_error_closed_loop": i[f"{m}_error"] for m in REPLAY_METRICS}

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from evolve.report import fmt_number, short_experiment_name
+from fitness.step_scatter import describe_scatter
 
 # ``validate``'s modes (evolve.validation): mode -> (what the command does, the table's title suffix)
 VALIDATE_MODES: dict[str | None, tuple[str, str]] = {
@@ -161,6 +162,11 @@ def summary_table(summary: dict, title: str = "Summary: |error| of the experimen
     return t
 
 
+def scatter_note(result: dict) -> str:
+    """One line on the measured step scatter the simulation used ("" without one)."""
+    return describe_scatter(result["step_scatter"]) if result.get("step_scatter") else ""
+
+
 def print_validation(console, result: dict, title: str) -> None:
     """Every table of a validation (the per-held-out-group summaries too) and the plot's path."""
     console.print(means_table(result, f"{title}: means, predicted / observed"))
@@ -177,6 +183,8 @@ def print_validation(console, result: dict, title: str) -> None:
         ]
         if counts:  # where it lies outside, the miss is the model's, not the load's randomness
             console.print("means inside the draws' range: " + ", ".join(counts))
+    if scatter_note(result):
+        console.print(scatter_note(result), markup=False, highlight=False)
     for item in result.get("experiments", []):
         if item.get("no_success"):
             console.print(f"{item['name']}: no request succeeded: {item['no_success']}", markup=False, soft_wrap=True)

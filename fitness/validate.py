@@ -34,6 +34,7 @@ from fitness.scoring import FitnessContext, error_stats, fit_terms, term_physics
 from fitness.sim.engine import simulate
 from fitness.sim.loadgen import no_success_reason
 from fitness.sim.models import ExpressionLatencyModel
+from fitness.step_scatter import StepScatter, step_scales
 from primitives.data.experiments import LATENCY_FILE_KEYS, ExperimentSpec
 from primitives.deployment import DeploymentResolver
 from primitives.language import evaluate_expr, parse_infix, to_infix
@@ -114,13 +115,23 @@ def _mean_curve(curves: list[dict]) -> dict:
     return {k: float(np.mean([c[k] for c in curves])) for k in keys}
 
 
-def simulate_outcome(spec: ExperimentSpec, deployment, expression: str, overheads: dict, seed: int, tails: bool):
+def simulate_outcome(
+    spec: ExperimentSpec,
+    deployment,
+    expression: str,
+    overheads: dict,
+    seed: int,
+    tails: bool,
+    scatter: StepScatter | None = None,
+):
     """(client metrics, preemptions) of one simulation of an experiment with a model.
 
     ``tails``: the percentiles too (the simulation logs every token: ~20% slower).
+    ``scatter``: the steps scatter around the model's times as measured (drawn with SEED).
     """
     model = ExpressionLatencyModel(expression, deployment, overheads)
-    result = simulate(spec, deployment, model, seed=seed, record=False, distributions=tails)
+    scales = step_scales(scatter, seed)
+    result = simulate(spec, deployment, model, seed=seed, record=False, distributions=tails, step_scales=scales)
     return result.metrics, int(result.total_preemptions)
 
 
@@ -160,9 +171,10 @@ def closed_loop_items(
     jobs: int | None = None,
     tails: bool = True,
     load_draws: int = 1,
+    scatter: StepScatter | None = None,
 ) -> list[dict]:
     runs = [(s, expression, overheads) for s in specs]
-    return closed_loop_runs(runs, resolver, seed, jobs, tails, load_draws)
+    return closed_loop_runs(runs, resolver, seed, jobs, tails, load_draws, scatter)
 
 
 def closed_loop_runs(
@@ -172,13 +184,14 @@ def closed_loop_runs(
     jobs: int | None = None,
     tails: bool = True,
     load_draws: int = 1,
+    scatter: StepScatter | None = None,
 ) -> list[dict]:
     """:func:`outcome_item` of every (experiment, expression, overheads), simulated in parallel
     with ``load_draws`` draws of the load generator's randomness, arrival times and re-tokenised
-    prompt lengths (seeds ``seed``, ``seed + 1``, ...)."""
+    prompt lengths (seeds ``seed``, ``seed + 1``, ...), and with the steps' ``scatter`` if given."""
     seeds = list(range(seed, seed + max(1, load_draws)))
     runs = [(s, resolver.resolve_experiment(s), e, o) for s, e, o in runs]
-    tasks = [(*run, s, tails) for run in runs for s in seeds]
+    tasks = [(*run, s, tails, scatter) for run in runs for s in seeds]
     jobs = jobs or default_jobs()
     if jobs > 1 and len(tasks) > 1:
         outcomes = Parallel(n_jobs=jobs, backend="loky")(delayed(simulate_outcome)(*t) for t in tasks)

@@ -221,6 +221,35 @@ def test_validate(project: Path, monkeypatch, capsys):
         assert flag in one_error_line(capsys)
     assert main(["validate", ENTRY.id, "--experiments", "exps", "--step-time-scale", "1.1", "--lowo"]) == 2
     assert "--step-time-scale" in one_error_line(capsys)
+    assert main(["validate", ENTRY.id, "--experiments", "exps", "--step-scatter", "no-traces"]) == 2
+    assert "--step-scatter" in one_error_line(capsys)
+
+
+def test_validate_measures_the_step_scatter_where_asked(project: Path, monkeypatch, capsys):
+    seen = {}
+
+    def measured_step_scatter(steps_dir, resolver):
+        seen["dir"] = steps_dir
+        return "the scatter"
+
+    def validate_entry(entry, experiments_dir, mode, resolver, **options):
+        seen["options"] = options
+        summary = {"source": "traces", "steps": 1309, "p1": 0.91, "p50": 0.989, "p90": 1.03, "p99": 1.19, "max": 2.2}
+        return {"summary": {}, "experiments": [], "step_scatter": summary if options["step_scatter"] else None}
+
+    fake_module(
+        monkeypatch, "evolve.validation", validate_entry=validate_entry, measured_step_scatter=measured_step_scatter
+    )
+    (project / "exps").mkdir()
+    (project / "traces").mkdir()
+    assert main(["validate", ENTRY.id, "--experiments", "exps", "--lowo", "--step-scatter", "traces"]) == 0
+    assert seen == {"dir": "traces", "options": {**seen["options"], "step_scatter": "the scatter"}}
+    out = " ".join(capsys.readouterr().out.split())
+    assert "simulated steps scatter as the 1309 steps of traces" in out and "p99 x1.19" in out
+    assert main(["validate", ENTRY.id, "--experiments", "exps", "--step-scatter", "none"]) == 0
+    assert seen["options"]["step_scatter"] is None and "scatter" not in capsys.readouterr().out
+    assert main(["validate", ENTRY.id, "--experiments", "exps"]) == 0
+    assert seen["options"]["step_scatter"] == "run"  # the one the entry's run measured
 
 
 def test_validate_transfer_modes_are_mutually_exclusive(project: Path, monkeypatch, capsys):

@@ -10,6 +10,7 @@ from test_validate import LLAMA_7B, entry, observe, write_experiment
 
 from evolve.validation import validate_entry
 from evolve.validation_view import predicted_vs_observed_figure
+from fitness.step_scatter import StepScatter
 from fitness.validate import compare, summarise
 from primitives.data.experiments import LifecycleMetrics
 from primitives.deployment import default_resolver
@@ -107,10 +108,14 @@ def test_transfer_checks_and_the_baseline_take_as_many_draws(tmp_path, monkeypat
     seen = []
     real = baseline.closed_loop_runs
 
-    def spy(runs, resolver, seed, jobs, tails, load_draws):
-        seen.append(load_draws)
-        return real(runs, resolver, seed, jobs, tails, load_draws)
+    def spy(runs, resolver, seed, jobs, tails, load_draws, scatter):
+        seen.append((load_draws, scatter))
+        return real(runs, resolver, seed, jobs, tails, load_draws, scatter)
 
     monkeypatch.setattr(baseline, "closed_loop_runs", spy)
-    res = validate_entry(entry(), tmp_path, None, default_resolver(), jobs=1, load_draws=2, baseline=True)
-    assert seen == [2] and all(i["load_seeds"] == [0, 1] for i in res["baseline"]["experiments"])
+    scatter = StepScatter((0.9, 1.0, 1.1), 3, "traces")  # and the same step scatter
+    res = validate_entry(
+        entry(), tmp_path, None, default_resolver(), jobs=1, load_draws=2, baseline=True, step_scatter=scatter
+    )
+    assert seen == [(2, scatter)] and all(i["load_seeds"] == [0, 1] for i in res["baseline"]["experiments"])
+    assert res["step_scatter"]["source"] == "traces"

@@ -71,6 +71,7 @@ def run_closed_loop(
     record,
     log_tokens,
     prog,
+    step_scales,
 ):
     (vo, va, vc, rng, fph, fre, fsl, so, sa, sc, slots, k1p, k1v, k2p, k2v, scales) = prog
     n = len(req_len)
@@ -403,7 +404,7 @@ def run_closed_loop(
                 vo, va, vc, rng, fph, fre, fsl, so, sa, sc, slots, k1p, k1v, k2p, k2v, scales, fields, m, vstack,
                 masks, sstack,
             )  # fmt: skip
-            cycle = t_model + sched_us + n_pre * preempt_us
+            cycle = t_model * step_scales[n_steps % len(step_scales)] + sched_us + n_pre * preempt_us
             if n_steps == len(s_start):
                 s_start, s_time = grow(s_start, n_steps + 1), grow(s_time, n_steps + 1)
                 s_cycle = grow(s_cycle, n_steps + 1)

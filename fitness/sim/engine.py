@@ -56,6 +56,7 @@ def simulate(
     kv_capacity_blocks: int | None = None,
     distributions: bool = False,
     engine: str = "auto",
+    step_scales: np.ndarray | None = None,
 ) -> SimResult:
     """Run SPEC's load against a simulated vLLM server whose steps take MODEL's times.
 
@@ -64,6 +65,8 @@ def simulate(
     ``distributions``: the metrics carry the percentiles the load generator reports too.
     ``engine``: ``compiled`` (``fitness.sim.core``: the model must have a step program),
     ``python`` (the reference loop below), or ``auto``: compiled where the model allows.
+    ``step_scales``: step ``k`` takes the model's time times ``step_scales[k % len]`` (the
+    measured scatter of real steps, ``fitness.step_scatter``); none: exactly the model's.
     """
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
@@ -72,11 +75,12 @@ def simulate(
     if kv_capacity_blocks is None:
         kv_capacity_blocks = deployment.kv_capacity_tokens(spec.gpu_memory_utilization) // BLOCK
     kv_total = int(kv_capacity_blocks)
+    scales = np.ones(1) if step_scales is None else np.asarray(step_scales, dtype=np.float64)
     program = None if engine == "python" else step_program_of(model, required=engine == "compiled")
     if program is not None:
-        outcome = _compiled_outcome(spec, model, load, kv_total, record, distributions, program)
+        outcome = _compiled_outcome(spec, model, load, kv_total, record, distributions, program, scales)
     else:
-        run = _ClosedLoop(spec, model, load, kv_total, record)
+        run = _ClosedLoop(spec, model, load, kv_total, record, scales)
         if distributions:
             run.sched.token_log = []
         for si in range(len(load.stage_offsets_s)):
@@ -139,7 +143,7 @@ def _request_inputs(load: LoadPlan, model: LatencyModel) -> tuple[np.ndarray, np
     return prompt_len, queue_us
 
 
-def _compiled_outcome(spec, model, load: LoadPlan, kv_total: int, record: bool, distributions: bool, program):
+def _compiled_outcome(spec, model, load: LoadPlan, kv_total: int, record: bool, distributions: bool, program, scales):
     """One run of the compiled core (``fitness.sim.core``)."""
     prompt_len, queue_us = _request_inputs(load, model)
     stride = key_stride(int(spec.max_model_len))
@@ -172,6 +176,7 @@ def _compiled_outcome(spec, model, load: LoadPlan, kv_total: int, record: bool, 
         bool(record),
         bool(distributions),
         program_arrays(program),
+        scales,
     )
     return LoopOutcome(
         prompt_len, queue_us, *out[7:10], *out[:7], *out[10:18],
@@ -184,8 +189,9 @@ def _compiled_outcome(spec, model, load: LoadPlan, kv_total: int, record: bool, 
 class _ClosedLoop:
     """One run: the engine's clock and steps around the scheduler, and the client's send times."""
 
-    def __init__(self, spec: ExperimentSpec, model: LatencyModel, load: LoadPlan, kv_total: int, record: bool):
+    def __init__(self, spec: ExperimentSpec, model: LatencyModel, load: LoadPlan, kv_total: int, record: bool, scales):
         self.load = load
+        self.scales = scales
         self.record = record
         self.sched_us = float(model.scheduling_processing_us)
         self.preempt_us = float(model.preemption_processing_us)
@@ -280,7 +286,7 @@ class _ClosedLoop:
             return sched.reject_head()
         batch = sched.batch(b_prog, b_new)
         t_model = float(self.step_time(*batch[:4]))
-        cycle = t_model + self.sched_us + n_pre * self.preempt_us
+        cycle = t_model * self.scales[k % len(self.scales)] + self.sched_us + n_pre * self.preempt_us
         T = self.T
         follows, gapless = T == self.prev_end and not self.synced, T == self.prev_end
         self.steps.add(T, t_model, cycle, n_pre, follows, gapless, batch, sched.kv.total - sched.kv.free())

@@ -1,0 +1,117 @@
+"""How much real steps scatter around the time their work predicts, measured in the traces.
+
+Two real steps with the same batch (decode requests, prefill tokens, KV tokens) do not take
+the same time: the traces show a body of a few percent and a tail of stalls (1% of steps
+take 1.2x the time of their neighbours, the slowest over 2x). A simulator whose steps take
+exactly the model's time has no such stalls, so its TTFT tail is too short and it queues
+too little near saturation (waiting grows with the variance of the service time).
+
+The measurement needs no step-time model: each trace step's cycle time over the median
+cycle time of its ``NEIGHBOURS`` nearest steps of the same experiment in (decode requests,
+prefill tokens, KV tokens), standardised. The pooled ratios are divided by their mean (the
+model predicts the mean step; the scatter must not move it) and kept as ``QUANTILES``
+quantiles. A simulated step's time is the model's times a draw from them, seeded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from primitives import checks
+from primitives.errors import InputError
+
+if TYPE_CHECKING:
+    from fitness.dataset import StepTable
+
+NEIGHBOURS = 15  # steps compared with each step: enough for a stable median, few enough to stay local
+QUANTILES = 256
+MIN_STEPS = 4 * NEIGHBOURS  # per experiment; fewer cannot tell scatter from a changing batch
+FEATURES = ("num_decode_reqs", "prefill_tokens", "kv_tokens")
+SCALES_PER_RUN = 1 << 18  # step multipliers drawn per simulated run, reused cyclically beyond
+SCATTER_STREAM = 0x5CA7  # the draws' own random stream, apart from the load's under the same seed
+RUN_SCATTER = "run"  # where a scatter is asked for: the one the entry's run measured (``run_scatter``)
+
+
+@dataclass(frozen=True)
+class StepScatter:
+    """Quantiles of (a step's time / its neighbours' median), mean 1, and where they came from."""
+
+    quantiles: tuple[float, ...]
+    steps: int  # trace steps measured
+    source: str
+
+    def summary(self) -> dict:
+        q = np.asarray(self.quantiles)
+        pick = {f"p{p:g}": float(np.quantile(q, p / 100)) for p in (1, 50, 90, 99)}
+        return {"source": self.source, "steps": self.steps, **pick, "max": float(q.max())}
+
+    def to_dict(self) -> dict:
+        """As a run records it (``run.json``)."""
+        return {"quantiles": list(self.quantiles), "steps": self.steps, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, d, path: object = "run.json") -> "StepScatter":
+        """A recorded scatter, every field checked."""
+        if not isinstance(d, dict):
+            raise InputError(path, "step_scatter", f"expected a mapping (quantiles, steps, source), got {d!r}")
+        q = d.get("quantiles")
+        if not isinstance(q, list) or not q:
+            raise InputError(path, "step_scatter.quantiles", "expected a non-empty list of positive numbers")
+        values = [checks.number(v, path, f"step_scatter.quantiles[{i}]") for i, v in enumerate(q)]
+        steps = checks.number(d.get("steps"), path, "step_scatter.steps", integer=True)
+        source = checks.text(d.get("source"), path, "step_scatter.source", "the traces it was measured on")
+        return cls(tuple(float(v) for v in values), int(steps), source)
+
+    def scales(self, seed: int, n: int = SCALES_PER_RUN) -> np.ndarray:
+        """N step-time multipliers for the simulated run of load seed SEED (reproducible)."""
+        rng = np.random.default_rng([SCATTER_STREAM, int(seed)])
+        return np.asarray(self.quantiles)[rng.integers(0, len(self.quantiles), n)]
+
+
+def run_scatter(run_config: dict | None) -> StepScatter | None:
+    """The scatter a run measured (``run.json``'s ``step_scatter``), or None (none, or a run from before)."""
+    recorded = (run_config or {}).get("step_scatter")
+    return StepScatter.from_dict(recorded) if recorded is not None else None
+
+
+def describe_scatter(summary: dict) -> str:
+    """One line on a scatter (``StepScatter.summary``)."""
+    return (
+        f"simulated steps scatter as the {summary['steps']} steps of {summary['source']} do around"
+        f" their neighbours (p50 x{summary['p50']:.3f}, p99 x{summary['p99']:.2f}, max x{summary['max']:.2f})"
+    )
+
+
+def step_scales(scatter: StepScatter | None, seed: int) -> np.ndarray | None:
+    """The step multipliers of the run with load seed SEED, or None without a scatter."""
+    return scatter.scales(seed) if scatter is not None else None
+
+
+def neighbour_ratios(features: np.ndarray, cycle_time_us: np.ndarray) -> np.ndarray:
+    """Each step's cycle time over the median of its NEIGHBOURS nearest steps' (itself excluded)."""
+    from scipy.spatial import cKDTree  # only where a scatter is measured
+
+    spread = features.std(axis=0)
+    x = (features - features.mean(axis=0)) / np.where(spread > 0, spread, 1.0)
+    _, idx = cKDTree(x).query(x, k=NEIGHBOURS + 1)
+    return cycle_time_us / np.median(cycle_time_us[idx[:, 1:]], axis=1)
+
+
+def measure_scatter(table: StepTable, source: str) -> StepScatter:
+    """The scatter of TABLE's steps (every experiment with at least MIN_STEPS rows)."""
+    ratios = []
+    for e in np.unique(table.experiment):
+        rows = table.experiment == e
+        if rows.sum() < MIN_STEPS:
+            continue
+        features = np.column_stack([table.columns[f][rows] for f in FEATURES]).astype(np.float64)
+        ratios.append(neighbour_ratios(features, table.cycle_time_us[rows].astype(np.float64)))
+    if not ratios:
+        raise InputError(source, None, f"no experiment with {MIN_STEPS} or more step rows to measure the scatter on")
+    pooled = np.concatenate(ratios)
+    pooled = pooled / pooled.mean()
+    q = np.quantile(pooled, (np.arange(QUANTILES) + 0.5) / QUANTILES)
+    return StepScatter(tuple(float(v) for v in (q / q.mean()).round(6)), len(pooled), source)

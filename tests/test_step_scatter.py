@@ -1,0 +1,170 @@
+"""The measured step scatter (``fitness.step_scatter``) and simulated steps that carry it.
+
+Real steps with the same batch do not take the same time (a body of a few percent, a tail
+of stalls); the scatter is measured without a step-time model, against each step's
+neighbours, and the simulator multiplies each step's model time by a seeded draw from it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_sim_core import both, differences, expr_model
+from test_sim_scheduler import DEP, spec_
+
+from fitness.dataset import StepTable
+from fitness.sim.engine import simulate
+from fitness.step_scatter import MIN_STEPS, QUANTILES, StepScatter, measure_scatter, run_scatter, step_scales
+from primitives.errors import InputError
+
+
+def _table(n_per_experiment: list[int], noise) -> StepTable:
+    """Steps whose time is a smooth function of the batch times NOISE(rng, n)."""
+    rng = np.random.default_rng(7)
+    cols = {k: [] for k in ("num_decode_reqs", "prefill_tokens", "kv_tokens")}
+    cycle, experiment = [], []
+    for e, n in enumerate(n_per_experiment):
+        decode = rng.integers(1, 128, n).astype(float)
+        prefill = np.where(rng.random(n) < 0.3, rng.integers(1, 2048, n), 0).astype(float)
+        kv = decode * rng.uniform(200, 900, n)
+        cols["num_decode_reqs"].append(decode)
+        cols["prefill_tokens"].append(prefill)
+        cols["kv_tokens"].append(kv)
+        cycle.append((10_000 + 40 * decode + 5 * prefill + 0.01 * kv) * noise(rng, n))
+        experiment.append(np.full(n, e))
+    return StepTable(
+        columns={k: np.concatenate(v) for k, v in cols.items()},
+        cycle_time_us=np.concatenate(cycle),
+        experiment=np.concatenate(experiment),
+        experiment_names=[f"e{i}" for i in range(len(n_per_experiment))],
+        is_train=np.ones(sum(n_per_experiment), dtype=bool),
+        primitive_names=[],
+        deployments=[],
+        experiment_deployment=[0] * len(n_per_experiment),
+        fingerprint="test",
+    )
+
+
+def _stalls(rng, n):
+    """2% body scatter, and 2% of the steps stalled to twice their time."""
+    return rng.normal(1.0, 0.02, n) * np.where(rng.random(n) < 0.02, 2.0, 1.0)
+
+
+def test_the_scatter_of_constructed_steps_is_recovered_without_a_model():
+    scatter = measure_scatter(_table([3000, 2500], _stalls), "built")
+    q = np.asarray(scatter.quantiles)
+    assert len(q) == QUANTILES and np.all(np.diff(q) >= 0) and q.mean() == pytest.approx(1.0, abs=1e-6)
+    # the body: half the steps within a few percent of the median; the stalls: the top 2% near 2x
+    assert np.quantile(q, 0.75) / np.quantile(q, 0.25) == pytest.approx(1.027, abs=0.01)
+    assert np.quantile(q, 0.99) / np.median(q) == pytest.approx(2.0, abs=0.12)
+    assert np.quantile(q, 0.95) / np.median(q) < 1.1
+    assert scatter.steps == 5500 and scatter.summary()["source"] == "built"
+
+
+def test_steps_without_scatter_measure_none_and_too_few_steps_are_refused():
+    # no noise: what remains is the measurement's own floor (neighbours are not identical
+    # batches), a few percent, and no invented tail
+    flat = np.asarray(measure_scatter(_table([2000], lambda rng, n: np.ones(n)), "flat").quantiles)
+    assert 0.95 < np.quantile(flat, 0.01) and np.quantile(flat, 0.99) < 1.07 and flat.max() < 1.1
+    some = measure_scatter(_table([500, MIN_STEPS - 1], _stalls), "some")
+    assert some.steps == 500  # the small experiment is left out
+    with pytest.raises(InputError, match="to measure the scatter"):
+        measure_scatter(_table([MIN_STEPS - 1], _stalls), "tiny")
+
+
+def test_the_draws_are_seeded_and_come_from_the_quantiles():
+    scatter = StepScatter((0.9, 1.0, 1.3), 3, "x")
+    a, b = scatter.scales(4, 1000), scatter.scales(4, 1000)
+    assert np.array_equal(a, b) and not np.array_equal(a, scatter.scales(5, 1000))
+    assert set(np.unique(a)) == {0.9, 1.0, 1.3}
+    assert step_scales(None, 4) is None
+
+
+def test_a_scatter_of_ones_changes_nothing_and_both_engines_agree_with_one():
+    spec = spec_(stages=((30.0, 6.0),), max_num_batched_tokens=200, max_num_seqs=6, output_len=30)
+    model = expr_model("8000 + 10*prefill_tokens + 2*decode_tokens")
+    kw = dict(seed=1, kv_capacity_blocks=10_000, distributions=True)
+    plain = simulate(spec, DEP, model, **kw)
+    assert differences(plain, simulate(spec, DEP, model, step_scales=np.ones(7), **kw)) == []
+    scales = StepScatter((0.8, 1.0, 1.0, 1.2, 3.0), 5, "x").scales(1, 97)  # cycled past its end
+    py, compiled = both(spec, DEP, model, step_scales=scales, **kw)
+    assert differences(py, compiled) == []
+    assert differences(py, plain) != []
+    steps = py.trajectory
+    k = np.arange(len(steps.step_cycle_us))
+    assert np.array_equal(steps.step_cycle_us, steps.step_time_us * scales[k % len(scales)])
+
+
+def test_stalls_lengthen_the_ttft_tail_more_than_its_median():
+    """A light load: with the stalls, the p99 TTFT grows while the median does not."""
+    spec = spec_(stages=((20.0, 40.0),), max_num_seqs=16, output_len=20)
+    model = expr_model("6000 + 10*prefill_tokens + 20*num_decode_reqs")
+    stalls = StepScatter(tuple([0.98] * 97 + [1.6467] * 3), 100, "stalls")  # mean 1
+    plain = simulate(spec, DEP, model, seed=0, distributions=True).metrics.summary
+    scattered = simulate(spec, DEP, model, seed=0, distributions=True, step_scales=stalls.scales(0))
+    got = scattered.metrics.summary
+    p50, p99 = (got.distributions["ttft"][k] / plain.distributions["ttft"][k] for k in ("p50", "p99"))
+    # most steps run 2% faster (the mean stays), the few stalled ones stretch the tail
+    assert p99 > 1.1 and 0.95 < p50 < 1.0
+    assert got.itl_mean_s == pytest.approx(plain.itl_mean_s, rel=0.03)
+
+
+def test_a_run_measures_its_steps_scatter_once_and_records_it(tmp_path):
+    from evolve.config import RunConfig
+    from evolve.run import prepare_context
+    from primitives.deployment import default_resolver
+
+    config = RunConfig(generations=1, scatter_steps=True)  # run --step-scatter
+    prepare_context(config, default_resolver())
+    scatter = run_scatter(config.to_dict())
+    assert scatter is not None and scatter.source == "the embedded default data" and scatter.steps > 1000
+    assert StepScatter.from_dict(config.to_dict()["step_scatter"]) == scatter  # what run.json holds
+    kept = RunConfig(
+        generations=1, scatter_steps=True, step_scatter={"quantiles": [0.5, 1.5], "steps": 2, "source": "s"}
+    )
+    prepare_context(kept, default_resolver())  # a resumed run keeps the scatter it measured
+    assert run_scatter(kept.to_dict()).quantiles == (0.5, 1.5)
+    off = RunConfig(generations=1)  # the default: steps take the model's time
+    prepare_context(off, default_resolver())
+    assert off.step_scatter is None and run_scatter(off.to_dict()) is None
+
+
+def test_a_run_from_before_the_scatter_resumes_without_it_and_a_bad_one_is_refused(tmp_path):
+    import json
+
+    from evolve.resume import _saved_config
+
+    path = tmp_path / "run.json"
+    base = {"generations": 5, "population": 10, "seed": 0}
+    path.write_text(json.dumps(base))
+    old = _saved_config(path)
+    assert old.scatter_steps is False and old.step_scatter is None
+    for bad, field in [
+        ({"step_scatter": [1.0]}, "step_scatter"),
+        ({"step_scatter": {"quantiles": [1.0, "x"], "steps": 2, "source": "s"}}, r"step_scatter.quantiles\[1\]"),
+        ({"step_scatter": {"quantiles": [1.0], "steps": 1.5, "source": "s"}}, "step_scatter.steps"),
+        ({"scatter_steps": "yes"}, "scatter_steps"),
+    ]:
+        path.write_text(json.dumps({**base, **bad}))
+        with pytest.raises(InputError, match=field):
+            _saved_config(path)
+
+
+def test_validate_uses_the_scatter_the_entrys_run_measured(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from test_validate import LLAMA_7B, entry, observe, write_experiment
+
+    from evolve.validation import validate_entry
+    from primitives.deployment import default_resolver
+
+    monkeypatch.chdir(tmp_path)
+    observe(write_experiment(tmp_path, "exp-a-llama-2-7b-tp1-general", *LLAMA_7B, stages=[(4.0, 6)]))
+    recorded = StepScatter((0.5, 1.0, 1.5), 3, "the run's traces")
+    with_scatter = replace(entry(), run_config={"step_scatter": recorded.to_dict()})
+    res = validate_entry(with_scatter, tmp_path, None, default_resolver(), jobs=1)
+    assert res["step_scatter"]["source"] == "the run's traces"
+    off = validate_entry(with_scatter, tmp_path, None, default_resolver(), jobs=1, step_scatter=None)
+    assert off["step_scatter"] is None
+    assert off["experiments"][0]["itl_mean_pred_s"] != res["experiments"][0]["itl_mean_pred_s"]
+    assert validate_entry(entry(), tmp_path, None, default_resolver(), jobs=1)["step_scatter"] is None
