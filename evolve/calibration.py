@@ -69,14 +69,14 @@ class Anchor:
     recording: object = None  # the SimResult of the pass at ``scale``, recorded (when asked for)
 
 
-def anchor(spec: ExperimentSpec, deployment, model, seed: int, record: bool = False, scatter=None) -> Anchor:
+def anchor(spec: ExperimentSpec, deployment, model, seed: int, record: bool = False, step_scales=None) -> Anchor:
     """Solve ``ITL_closed_loop(scale * model) = ITL_observed`` for the scale.
 
     ``record``: every pass records its batches and the best one is kept, so that the
     recording at the anchored scale is not run again (a recorded pass of the compiled core
     costs about 1.4x an unrecorded one, a pass more costs 2x).
 
-    ``scatter``: the simulated steps scatter as measured (``fitness.step_scatter``), drawn with SEED.
+    ``step_scales``: the simulated steps' multipliers (the measured scatter, ``fitness.step_scatter``).
 
     Near saturation the closed-loop ITL grows much faster than the scale (Llama-2-7B at
     20 req/s), so a plain fixed-point iteration overshoots and oscillates; this brackets
@@ -90,10 +90,9 @@ def anchor(spec: ExperimentSpec, deployment, model, seed: int, record: bool = Fa
     below: tuple[float, float] | None = None  # (log scale, log ITL ratio) of a pass with ITL too low
     above: tuple[float, float] | None = None
     x, best, recording = 0.0, (np.inf, 1.0), None
-    scales = step_scales(scatter, seed)
     for _ in range(ANCHOR_PASSES):
         result = simulate(
-            spec, deployment, AnchoredModel(model, np.exp(x)), seed=seed, record=record, step_scales=scales
+            spec, deployment, AnchoredModel(model, np.exp(x)), seed=seed, record=record, step_scales=step_scales
         )
         metrics = result.metrics
         passes.append((float(np.exp(x)), metrics))
@@ -129,8 +128,8 @@ def record_trajectory(
     spec: ExperimentSpec, deployment, model, names: list[str], seed: int, scatter=None
 ) -> ExperimentTrajectory:
     """One experiment's replay rows, recorded with MODEL anchored at the observed ITL."""
-    a = anchor(spec, deployment, model, seed, record=True, scatter=scatter)
-    scales = step_scales(scatter, seed)
+    scales = step_scales(scatter, seed)  # the same stalls in every pass
+    a = anchor(spec, deployment, model, seed, record=True, step_scales=scales)
     recorder = AnchoredModel(model, a.scale) if a.passes else model
     result = a.recording or simulate(spec, deployment, recorder, seed=seed, record=True, step_scales=scales)
     require_success(spec, deployment, result.metrics.summary, "the recording model")

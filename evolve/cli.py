@@ -290,8 +290,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from evolve.validation import validate_entry
     from fitness.step_scatter import RUN_SCATTER
 
-    scatter = {None: RUN_SCATTER, "none": None}.get(args.step_scatter, args.step_scatter)
-    if isinstance(scatter, str) and scatter != RUN_SCATTER:
+    if args.step_scatter is None:
+        scatter = RUN_SCATTER
+    elif args.step_scatter == "none":
+        scatter = None
+    else:
         from evolve.validation import measured_step_scatter
 
         scatter = measured_step_scatter(args.step_scatter, resolver)

@@ -265,6 +265,11 @@ def _model_section(entry) -> str:
     )
 
 
+def _sentence(text: str) -> str:
+    """TEXT as a sentence of the header ("" stays "")."""
+    return f" {escape(text[:1].upper() + text[1:])}." if text else ""
+
+
 def _draws_note(result: dict) -> str:
     scale = result.get("step_time_scale", 1.0)
     what_if = f" What-if: every step takes {scale:g} times the model's step time." if scale != 1.0 else ""
@@ -296,7 +301,7 @@ def render(result: dict, entry, experiments_dir: str = "") -> str:
         f"<code>{escape(experiments_dir)}</code>; written {when}. Errors are predicted / observed − 1, "
         "over the successful requests; ITL pools every gap between streamed events (two events per token)."
         + _draws_note(result)
-        + (f" {escape(scatter_note(result)[:1].upper() + scatter_note(result)[1:])}." if scatter_note(result) else "")
+        + _sentence(scatter_note(result))
         + "</p>",
         "<h2>Summary</h2>",
         _table(summary_header(result.get("summary", {})), summary_rows(result.get("summary", {}))),

@@ -44,9 +44,10 @@ class StepScatter:
     source: str
 
     def summary(self) -> dict:
+        """Where it came from and a few of its percentiles (``top``: the highest quantile kept, p99.8)."""
         q = np.asarray(self.quantiles)
         pick = {f"p{p:g}": float(np.quantile(q, p / 100)) for p in (1, 50, 90, 99)}
-        return {"source": self.source, "steps": self.steps, **pick, "max": float(q.max())}
+        return {"source": self.source, "steps": self.steps, **pick, "top": float(q.max())}
 
     def to_dict(self) -> dict:
         """As a run records it (``run.json``)."""
@@ -81,7 +82,7 @@ def describe_scatter(summary: dict) -> str:
     """One line on a scatter (``StepScatter.summary``)."""
     return (
         f"simulated steps scatter as the {summary['steps']} steps of {summary['source']} do around"
-        f" their neighbours (p50 x{summary['p50']:.3f}, p99 x{summary['p99']:.2f}, max x{summary['max']:.2f})"
+        f" their neighbours (p50 x{summary['p50']:.3f}, p99 x{summary['p99']:.2f}, p99.8 x{summary['top']:.2f})"
     )
 
 
@@ -97,7 +98,10 @@ def neighbour_ratios(features: np.ndarray, cycle_time_us: np.ndarray) -> np.ndar
     spread = features.std(axis=0)
     x = (features - features.mean(axis=0)) / np.where(spread > 0, spread, 1.0)
     _, idx = cKDTree(x).query(x, k=NEIGHBOURS + 1)
-    return cycle_time_us / np.median(cycle_time_us[idx[:, 1:]], axis=1)
+    # a step is its own nearest neighbour, except among identical batches, where it may come
+    # later or not at all: put the farthest one in its place, then keep the NEIGHBOURS nearest
+    idx = np.where(idx == np.arange(len(x))[:, None], idx[:, -1:], idx)[:, :NEIGHBOURS]
+    return cycle_time_us / np.median(cycle_time_us[idx], axis=1)
 
 
 def measure_scatter(table: StepTable, source: str) -> StepScatter:
@@ -112,6 +116,5 @@ def measure_scatter(table: StepTable, source: str) -> StepScatter:
     if not ratios:
         raise InputError(source, None, f"no experiment with {MIN_STEPS} or more step rows to measure the scatter on")
     pooled = np.concatenate(ratios)
-    pooled = pooled / pooled.mean()
     q = np.quantile(pooled, (np.arange(QUANTILES) + 0.5) / QUANTILES)
     return StepScatter(tuple(float(v) for v in (q / q.mean()).round(6)), len(pooled), source)

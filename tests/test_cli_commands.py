@@ -234,7 +234,7 @@ def test_validate_measures_the_step_scatter_where_asked(project: Path, monkeypat
 
     def validate_entry(entry, experiments_dir, mode, resolver, **options):
         seen["options"] = options
-        summary = {"source": "traces", "steps": 1309, "p1": 0.91, "p50": 0.989, "p90": 1.03, "p99": 1.19, "max": 2.2}
+        summary = {"source": "traces", "steps": 1309, "p1": 0.91, "p50": 0.989, "p90": 1.03, "p99": 1.19, "top": 2.2}
         return {"summary": {}, "experiments": [], "step_scatter": summary if options["step_scatter"] else None}
 
     fake_module(
@@ -246,6 +246,10 @@ def test_validate_measures_the_step_scatter_where_asked(project: Path, monkeypat
     assert seen == {"dir": "traces", "options": {**seen["options"], "step_scatter": "the scatter"}}
     out = " ".join(capsys.readouterr().out.split())
     assert "simulated steps scatter as the 1309 steps of traces" in out and "p99 x1.19" in out
+    (project / "run").mkdir()  # a folder named like the default is still a folder of traces
+    assert main(["validate", ENTRY.id, "--experiments", "exps", "--step-scatter", "run"]) == 0
+    assert seen["dir"] == "run" and seen["options"]["step_scatter"] == "the scatter"
+    capsys.readouterr()
     assert main(["validate", ENTRY.id, "--experiments", "exps", "--step-scatter", "none"]) == 0
     assert seen["options"]["step_scatter"] is None and "scatter" not in capsys.readouterr().out
     assert main(["validate", ENTRY.id, "--experiments", "exps"]) == 0

@@ -85,14 +85,20 @@ def test_a_scatter_of_ones_changes_nothing_and_both_engines_agree_with_one():
     model = expr_model("8000 + 10*prefill_tokens + 2*decode_tokens")
     kw = dict(seed=1, kv_capacity_blocks=10_000, distributions=True)
     plain = simulate(spec, DEP, model, **kw)
-    assert differences(plain, simulate(spec, DEP, model, step_scales=np.ones(7), **kw)) == []
+    ones = simulate(spec, DEP, model, step_scales=np.ones(7), **kw)
+    assert differences(plain, ones) == [".trajectory.step_scale"]  # only the recording says so
+    assert np.all(ones.trajectory.step_scale == 1.0)
     scales = StepScatter((0.8, 1.0, 1.0, 1.2, 3.0), 5, "x").scales(1, 97)  # cycled past its end
     py, compiled = both(spec, DEP, model, step_scales=scales, **kw)
     assert differences(py, compiled) == []
     assert differences(py, plain) != []
     steps = py.trajectory
     k = np.arange(len(steps.step_cycle_us))
-    assert np.array_equal(steps.step_cycle_us, steps.step_time_us * scales[k % len(scales)])
+    assert np.array_equal(steps.step_scale, scales[k % len(scales)])
+    assert np.array_equal(steps.step_cycle_us, steps.step_time_us * steps.step_scale)
+    for bad in (np.zeros(0), np.array([1.0, -1.0]), np.array([np.nan])):
+        with pytest.raises(ValueError, match="step_scales"):
+            simulate(spec, DEP, model, step_scales=bad, **kw)
 
 
 def test_stalls_lengthen_the_ttft_tail_more_than_its_median():
@@ -109,7 +115,7 @@ def test_stalls_lengthen_the_ttft_tail_more_than_its_median():
     assert got.itl_mean_s == pytest.approx(plain.itl_mean_s, rel=0.03)
 
 
-def test_a_run_measures_its_steps_scatter_once_and_records_it(tmp_path):
+def test_a_run_measures_its_steps_scatter_once_and_records_it():
     from evolve.config import RunConfig
     from evolve.run import prepare_context
     from primitives.deployment import default_resolver
@@ -168,3 +174,61 @@ def test_validate_uses_the_scatter_the_entrys_run_measured(tmp_path, monkeypatch
     assert off["step_scatter"] is None
     assert off["experiments"][0]["itl_mean_pred_s"] != res["experiments"][0]["itl_mean_pred_s"]
     assert validate_entry(entry(), tmp_path, None, default_resolver(), jobs=1)["step_scatter"] is None
+
+
+def test_a_scattered_recording_replays_to_its_own_closed_loop_and_its_linear_forms_agree():
+    """The search and the transfer refits score candidates on recorded batches: with a scatter,
+    the replay puts the recording's stalls on the same steps, for any step times."""
+    from test_sim_replay import DEP as DEP_7B
+    from test_sim_replay import MODEL, _spec
+
+    from fitness.sim.replay import evaluate_weights, metric_weights, replay
+
+    stalls = StepScatter(tuple([0.98] * 97 + [1.6467] * 3), 100, "stalls")
+    for spec, blocks in ((_spec(), 5_000), (_spec(request_timeout_s=3.0), 60)):  # and preemptions, timeouts
+        res = simulate(spec, DEP_7B, MODEL, seed=2, kv_capacity_blocks=blocks, step_scales=stalls.scales(2))
+        tr = res.trajectory
+        assert tr.step_scale is not None and set(np.unique(tr.step_scale)) == {0.98, 1.6467}
+        rep = replay(tr, tr.step_time_us, MODEL).summary
+        got = res.metrics.summary
+        for k in ("e2e_mean_s", "ttft_mean_s", "itl_mean_s", "tpot_mean_s"):
+            assert getattr(rep, k) == pytest.approx(getattr(got, k), rel=1e-9), k
+        step = tr.step_time_us * np.random.default_rng(0).uniform(0.5, 1.5, size=tr.n_steps)
+        forms, rep = metric_weights(tr), replay(tr, step, MODEL)
+        val = evaluate_weights(forms, step, MODEL)
+        assert val["ttft"] == pytest.approx(rep.summary.ttft_mean_s * 1e6, rel=1e-9)
+        assert val["stage_1/e2e"] == pytest.approx(rep.stages[1].e2e_mean_s * 1e6, rel=1e-9)
+
+
+def test_identical_batches_never_count_a_step_among_its_own_neighbours():
+    from fitness.step_scatter import NEIGHBOURS, neighbour_ratios
+
+    n = NEIGHBOURS + 1  # every other step is a neighbour
+    cycle = np.array([1.0] * (n // 2) + [3.0] * (n - n // 2))
+    ratios = neighbour_ratios(np.ones((n, 3)), cycle)
+    # a 1 sees 7 ones and 8 threes (median 3); a 3 sees 8 ones and 7 threes (median 1)
+    assert np.allclose(ratios, np.where(cycle == 1.0, 1 / 3, 3.0))
+
+
+def test_the_transfer_checks_record_and_refit_with_the_scatter(tmp_path, monkeypatch):
+    from test_validate import LLAMA_7B, entry, observe, write_experiment
+
+    import evolve.validation as validation
+    from primitives.deployment import default_resolver
+
+    monkeypatch.chdir(tmp_path)
+    for workload in ("general", "codegen"):
+        observe(
+            write_experiment(tmp_path, f"exp-{workload}-llama-2-7b-tp1-{workload}", *LLAMA_7B, rate=3.0, duration=6)
+        )
+    seen, real = [], validation.record_rows
+
+    def spy(specs, resolver, model, names, seed, jobs, scatter=None):
+        seen.append(scatter)
+        return real(specs, resolver, model, names, seed, jobs, scatter)
+
+    monkeypatch.setattr(validation, "record_rows", spy)
+    scatter = StepScatter((0.9, 1.0, 1.1), 3, "traces")
+    res = validation.validate_entry(entry(), tmp_path, "lowo", default_resolver(), jobs=1, step_scatter=scatter)
+    assert len(seen) >= 3 and all(s is scatter for s in seen)  # the entry's recording and each fold's
+    assert res["step_scatter"]["source"] == "traces"

@@ -76,6 +76,8 @@ def simulate(
         kv_capacity_blocks = deployment.kv_capacity_tokens(spec.gpu_memory_utilization) // BLOCK
     kv_total = int(kv_capacity_blocks)
     scales = np.ones(1) if step_scales is None else np.asarray(step_scales, dtype=np.float64)
+    if not (scales.ndim == 1 and len(scales) and np.all(np.isfinite(scales)) and np.all(scales > 0)):
+        raise ValueError("step_scales: expected a non-empty 1-D array of positive, finite multipliers")
     program = None if engine == "python" else step_program_of(model, required=engine == "compiled")
     if program is not None:
         outcome = _compiled_outcome(spec, model, load, kv_total, record, distributions, program, scales)
@@ -86,10 +88,15 @@ def simulate(
         for si in range(len(load.stage_offsets_s)):
             run.stage(si)  # the engine is empty between stages (every request of a stage is done)
         outcome = run.outcome()
-    return measure(spec.name, load, model, kv_total, outcome)
+    return measure(spec.name, load, model, kv_total, outcome, None if step_scales is None else scales)
 
 
 ENGINES = ("auto", "compiled", "python")
+
+
+def scales_of_steps(step_scales: np.ndarray, n_steps: int) -> np.ndarray:
+    """The multiplier each of N_STEPS steps got: step k's is ``step_scales[k % len]`` (as both engines draw)."""
+    return step_scales[np.arange(n_steps) % len(step_scales)]
 
 
 def step_program_of(model: LatencyModel, required: bool = False) -> StepProgram | None:
@@ -286,7 +293,7 @@ class _ClosedLoop:
             return sched.reject_head()
         batch = sched.batch(b_prog, b_new)
         t_model = float(self.step_time(*batch[:4]))
-        cycle = t_model * self.scales[k % len(self.scales)] + self.sched_us + n_pre * self.preempt_us
+        cycle = t_model * float(self.scales[k % len(self.scales)]) + self.sched_us + n_pre * self.preempt_us
         T = self.T
         follows, gapless = T == self.prev_end and not self.synced, T == self.prev_end
         self.steps.add(T, t_model, cycle, n_pre, follows, gapless, batch, sched.kv.total - sched.kv.free())
@@ -323,8 +330,11 @@ class _ClosedLoop:
 # Client-side measurement
 
 
-def measure(name: str, load: LoadPlan, model: LatencyModel, kv_total: int, run: LoopOutcome) -> SimResult:
-    """Client-side measurement of a closed loop's outcome, and its recording."""
+def measure(
+    name: str, load: LoadPlan, model: LatencyModel, kv_total: int, run: LoopOutcome, step_scales=None
+) -> SimResult:
+    """Client-side measurement of a closed loop's outcome, and its recording (``step_scales``:
+    the multipliers the steps' times got, which the recording keeps for the replay)."""
     n = load.num_requests
     prompt_len, queue_us = run.prompt_len, run.queueing_us
     otp_us, gap_us = float(model.output_token_processing_us), float(model.event_gap_us)
@@ -400,6 +410,7 @@ def measure(name: str, load: LoadPlan, model: LatencyModel, kv_total: int, run: 
             preemptions=run.preemptions,
             n_stages=len(load.stage_offsets_s),
             name=name,
+            step_scale=None if step_scales is None else scales_of_steps(step_scales, len(run.step_time_us)),
         )
     return SimResult(
         metrics=metrics,

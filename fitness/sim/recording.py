@@ -99,6 +99,8 @@ class Trajectory:
     preemptions: np.ndarray
     n_stages: int
     name: str = ""
+    # step k's time was the model's times step_scale[k] (the measured scatter); None: exactly the model's
+    step_scale: np.ndarray | None = None
 
     @property
     def n_steps(self) -> int:

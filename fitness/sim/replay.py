@@ -98,8 +98,11 @@ def _paths(traj: Trajectory) -> _Paths:
 
 
 def cycles_us(traj: Trajectory, step_time_us: np.ndarray, overheads: LatencyModel) -> np.ndarray:
-    """Each step's cycle: the model's step time plus the per-step CPU overheads."""
-    cyc = np.asarray(step_time_us, dtype=np.float64) + float(overheads.scheduling_processing_us)
+    """Each step's cycle: the model's step time (times the recorded scatter) plus the per-step CPU overheads."""
+    cyc = np.asarray(step_time_us, dtype=np.float64)
+    if traj.step_scale is not None:  # the same stalls on the same steps as the recording
+        cyc = cyc * traj.step_scale
+    cyc = cyc + float(overheads.scheduling_processing_us)
     pre = float(overheads.preemption_processing_us)
     if pre:
         cyc = cyc + pre * traj.step_preemptions
@@ -220,6 +223,8 @@ def metric_weights(traj: Trajectory, stages: bool = True) -> dict[str, tuple[np.
         for s in range(traj.n_stages):
             for k, v in _forms(p, p.stage == s, n, npre).items():
                 out[f"stage_{s}/{k}"] = v
+    if traj.step_scale is not None:  # a cycle's weight reaches the step time through its scale
+        out = {name: (w * traj.step_scale, const) for name, (w, const) in out.items()}
     return out
 
 
