@@ -43,7 +43,7 @@ from fitness.sim.latency_model import FITTED_NON_STEP_NAMES
 from fitness.sim.loadgen import NoSuccessfulRequest, require_success
 from fitness.sim.models import AnchoredModel, ExpressionLatencyModel, reference_model
 from fitness.sim.replay import OVERHEAD_NAMES, metric_weights
-from fitness.step_scatter import run_scatter, step_scales
+from fitness.step_scatter import recorded_scatter, step_scales
 from primitives.compute import kernel_binding, primitive_columns
 from primitives.data.experiments import ExperimentSpec, find_experiments
 from primitives.deployment import DeploymentResolver
@@ -273,7 +273,7 @@ def calibrated_replay_rows(
     Returns (rows, the model that recorded them).
     """
     exp_dir = Path(config.experiments)
-    scatter = run_scatter(config.to_dict())
+    scatter = recorded_scatter(config.step_scatter)
     if replay_model is not None:
         ui.log("re-recording trajectories of the checkpointed replay model")
         entry = model_entry(replay_model)
@@ -325,7 +325,7 @@ def refresh_trajectories(search, config: RunConfig, resolver: DeploymentResolver
             names,
             config.seed,
             config.jobs,
-            run_scatter(config.to_dict()),
+            recorded_scatter(config.step_scatter),
         )
     except NoSuccessfulRequest as exc:  # the model's own failure: keep the trajectories of the last one
         ui.log(f"refresh skipped, keeping the previous trajectories: {exc}")

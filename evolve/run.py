@@ -29,7 +29,7 @@ from fitness.kv_sharing import trace_kv_sharing
 from fitness.physics_probes import PhysicsProbes
 from fitness.scoring import FitnessContext
 from fitness.sim.loadgen import check_servable
-from fitness.step_scatter import describe_scatter, measure_scatter, run_scatter
+from fitness.step_scatter import describe_scatter, measure_scatter, recorded_scatter
 from primitives.data.experiments import find_experiments
 from primitives.data.roots import default_data_dir
 from primitives.data.traces import load_steps
@@ -194,7 +194,7 @@ def _run(config: RunConfig, ui, termination: Termination) -> list:
     )
     ctx, names, data = prepare_context(config, resolver)
     if config.scatter_steps:
-        scatter = run_scatter(config.to_dict())
+        scatter = recorded_scatter(config.step_scatter)
         ui.log(describe_scatter(scatter.summary()) if scatter else "too few steps to measure their scatter: none")
     fingerprint = ctx.steps.fingerprint
     if config.experiments:
@@ -289,7 +289,7 @@ def _search(
                     ui,
                     rows=search.ctx.replay,
                     bounds=search.ctx.efficiency_bounds,
-                    scatter=run_scatter(config.to_dict()),
+                    scatter=recorded_scatter(config.step_scatter),
                 )
         except TimeLimitReached:  # the front stays as the search scored it
             ui.log("time limit reached during the final closed-loop check; the front keeps the search's scores")

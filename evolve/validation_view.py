@@ -183,8 +183,9 @@ def print_validation(console, result: dict, title: str) -> None:
         ]
         if counts:  # where it lies outside, the miss is the model's, not the load's randomness
             console.print("means inside the draws' range: " + ", ".join(counts))
-    if scatter_note(result):
-        console.print(scatter_note(result), markup=False, highlight=False)
+    note = scatter_note(result)
+    if note:
+        console.print(note, markup=False, highlight=False)
     for item in result.get("experiments", []):
         if item.get("no_success"):
             console.print(f"{item['name']}: no request succeeded: {item['no_success']}", markup=False, soft_wrap=True)

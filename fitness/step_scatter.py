@@ -72,10 +72,14 @@ class StepScatter:
         return np.asarray(self.quantiles)[rng.integers(0, len(self.quantiles), n)]
 
 
-def run_scatter(run_config: dict | None) -> StepScatter | None:
-    """The scatter a run measured (``run.json``'s ``step_scatter``), or None (none, or a run from before)."""
-    recorded = (run_config or {}).get("step_scatter")
+def recorded_scatter(recorded: dict | None) -> StepScatter | None:
+    """A run's ``step_scatter`` field (``StepScatter.to_dict``) as a scatter, or None where it has none."""
     return StepScatter.from_dict(recorded) if recorded is not None else None
+
+
+def run_scatter(run_config: dict | None) -> StepScatter | None:
+    """The scatter an archived run measured (its ``run.json`` mapping), or None (none, or a run from before)."""
+    return recorded_scatter((run_config or {}).get("step_scatter"))
 
 
 def describe_scatter(summary: dict) -> str:
