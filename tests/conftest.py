@@ -74,3 +74,21 @@ def short_default_run(tmp_path_factory) -> Path:
     res = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr
     return work / "runs" / "r0"
+
+
+@pytest.fixture
+def read_only_dir(work):
+    """``work/ro``, read-only for the test, writable again afterwards (so tmp_path can be cleaned)."""
+    ro = work / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    yield ro
+    ro.chmod(0o755)
+
+
+@pytest.fixture(scope="session")
+def archive(tmp_path_factory):
+    """A real (tiny) run directory, the id of an entry on its front, and its trace."""
+    from error_lines import tiny_run  # it imports this module
+
+    return tiny_run(tmp_path_factory.mktemp("archive"))

@@ -1,93 +1,18 @@
 """Malformed input: ONE line on stderr naming the file, the field and what was expected;
-exit status 2; never a traceback.
+exit status 2; never a traceback (the unwritable outputs: ``test_bad_output.py``).
 
 Most cases call ``evolve.cli.main`` in-process (an uncaught exception would fail the
 test just like a traceback would reach a user); a few run ``python -m evolve`` for real.
+The ``archive`` and ``read_only_dir`` fixtures are in ``conftest.py``.
 """
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import small_trace
-
-from evolve.cli import main
-
-ROOT = Path(__file__).resolve().parent.parent
-ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-N_ROWS = 40
-
-
-def good_trace() -> pd.DataFrame:
-    return small_trace(N_ROWS)
-
-
-def _set(df: pd.DataFrame, row: int, col: str, value) -> pd.DataFrame:
-    df = df.astype({col: object})
-    df.loc[row, col] = value
-    return df
-
-
-def call(args, capsys) -> tuple[int, str, str]:
-    capsys.readouterr()
-    rc = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def assert_one_line_error(rc: int, err: str, *needles: str) -> None:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert rc == 2, f"exit status {rc}, stderr: {err!r}"
-    assert "Traceback" not in err
-    assert len(lines) == 1, f"expected one line on stderr, got {lines}"
-    assert lines[0].startswith("error: "), lines[0]
-    for needle in needles:
-        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
-
-
-def run_args(data, *extra):
-    return ["run", "--generations", "1", "--population", "8", "--data", data, "--run-dir", "runs/x", *extra]
-
-
-@pytest.fixture
-def read_only_dir(work):
-    """``work/ro``, read-only for the test, writable again afterwards (so tmp_path can be cleaned)."""
-    ro = work / "ro"
-    ro.mkdir()
-    ro.chmod(0o555)
-    yield ro
-    ro.chmod(0o755)
-
-
-@pytest.fixture(scope="module")
-def archive(tmp_path_factory):
-    """A real (tiny) run directory and the id of an entry on its front."""
-    d = tmp_path_factory.mktemp("archive")
-    good_trace().to_csv(d / "good.csv", index=False)
-    res = subprocess.run(
-        [sys.executable, "-m", "evolve", *run_args("good.csv")],
-        cwd=d,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert res.returncode == 0, res.stderr
-    out = subprocess.run(
-        [sys.executable, "-m", "evolve", "archive", "list", "--json", "--run-dir", "runs/x"],
-        cwd=d,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    return d / "runs" / "x", json.loads(out.stdout)[0]["id"], d / "good.csv"
+from error_lines import assert_one_line_error, call, good_trace, run_args, set_cell
 
 
 # --- step traces (the loader behind run --data and score --data) -------------------
@@ -106,11 +31,11 @@ def _dup_id(df):
 
 
 def _zero_cycle(df):
-    return _set(df, 6, "step.ts_start_ns", df.loc[5, "step.ts_start_ns"])
+    return set_cell(df, 6, "step.ts_start_ns", df.loc[5, "step.ts_start_ns"])
 
 
 def _negative_cycle(df):
-    return _set(df, 6, "step.ts_start_ns", df.loc[5, "step.ts_start_ns"] - 1000)
+    return set_cell(df, 6, "step.ts_start_ns", df.loc[5, "step.ts_start_ns"] - 1000)
 
 
 def _no_consecutive(df):
@@ -125,24 +50,24 @@ TRACE_CASES = {
     "misnamed_column": (_rename("kv.blocks_free_gpu", "kv.free_blocks"), ["kv.blocks_free_gpu", "missing column"]),
     "missing_timestamp_column": (_drop("step.ts_start_ns"), ["step.ts_start_ns", "missing column"]),
     "non_numeric": (
-        lambda df: _set(df, 3, "batch.decode_tokens", "abc"),
+        lambda df: set_cell(df, 3, "batch.decode_tokens", "abc"),
         ["batch.decode_tokens", "non-numeric", "'abc'"],
     ),
-    "non_numeric_tp": (lambda df: _set(df, 0, "tp", "four"), ["tp", "non-numeric"]),
-    "nan": (lambda df: _set(df, 4, "batch.prefill_tokens", np.nan), ["batch.prefill_tokens", "NaN", "row 4"]),
-    "infinite": (lambda df: _set(df, 7, "step.ts_start_ns", np.inf), ["step.ts_start_ns", "non-finite"]),
-    "negative_count": (lambda df: _set(df, 7, "batch.decode_tokens", -1), ["batch.decode_tokens", "negative"]),
-    "zero_duration": (lambda df: _set(df, 5, "step.duration_us", 0), ["step.duration_us", "non-positive"]),
-    "negative_duration": (lambda df: _set(df, 5, "step.duration_us", -3), ["step.duration_us", "negative"]),
+    "non_numeric_tp": (lambda df: set_cell(df, 0, "tp", "four"), ["tp", "non-numeric"]),
+    "nan": (lambda df: set_cell(df, 4, "batch.prefill_tokens", np.nan), ["batch.prefill_tokens", "NaN", "row 4"]),
+    "infinite": (lambda df: set_cell(df, 7, "step.ts_start_ns", np.inf), ["step.ts_start_ns", "non-finite"]),
+    "negative_count": (lambda df: set_cell(df, 7, "batch.decode_tokens", -1), ["batch.decode_tokens", "negative"]),
+    "zero_duration": (lambda df: set_cell(df, 5, "step.duration_us", 0), ["step.duration_us", "non-positive"]),
+    "negative_duration": (lambda df: set_cell(df, 5, "step.duration_us", -3), ["step.duration_us", "negative"]),
     "zero_cycle": (_zero_cycle, ["step.ts_start_ns", "row 6", "monotonic"]),
     "negative_cycle": (_negative_cycle, ["step.ts_start_ns", "row 6", "monotonic"]),
-    "non_monotonic": (lambda df: _set(df, 10, "step.ts_start_ns", 0), ["step.ts_start_ns", "monotonic"]),
+    "non_monotonic": (lambda df: set_cell(df, 10, "step.ts_start_ns", 0), ["step.ts_start_ns", "monotonic"]),
     "duplicate_step_id": (_dup_id, ["step.id", "duplicate"]),
-    "fractional_step_id": (lambda df: _set(df, 0, "step.id", 0.5), ["step.id", "non-integer", "integer step id"]),
+    "fractional_step_id": (lambda df: set_cell(df, 0, "step.id", 0.5), ["step.id", "non-integer", "integer step id"]),
     "zero_tp": (lambda df: df.assign(tp=0), ["tp", ">= 1"]),
-    "missing_experiment": (lambda df: _set(df, 3, "experiment_id", np.nan), ["experiment_id", "row 3"]),
+    "missing_experiment": (lambda df: set_cell(df, 3, "experiment_id", np.nan), ["experiment_id", "row 3"]),
     "more_free_than_total": (
-        lambda df: _set(df, 2, "kv.blocks_free_gpu", 9000),
+        lambda df: set_cell(df, 2, "kv.blocks_free_gpu", 9000),
         ["kv.blocks_free_gpu", "kv.blocks_total_gpu"],
     ),
     "no_consecutive_steps": (_no_consecutive, ["step.id", "'tiny'", "consecutive"]),
@@ -223,7 +148,7 @@ def test_unknown_model_in_a_trace_is_one_line(work, capsys):
 
 def test_score_reads_traces_through_the_same_checks(archive, work, capsys):
     run_dir, entry_id, _ = archive
-    _set(good_trace(), 4, "batch.decode_tokens", np.nan).to_csv(work / "bad.csv", index=False)
+    set_cell(good_trace(), 4, "batch.decode_tokens", np.nan).to_csv(work / "bad.csv", index=False)
     rc, _, err = call(["score", entry_id, "--data", "bad.csv", "--run-dir", run_dir], capsys)
     assert_one_line_error(rc, err, "bad.csv", "batch.decode_tokens", "NaN")
 
@@ -459,74 +384,3 @@ def test_unknown_archive_id(command, archive, work, capsys):
 def test_unknown_run_dir(work, capsys):
     rc, _, err = call(["archive", "show", "deadbeef", "--run-dir", "no-such-run"], capsys)
     assert_one_line_error(rc, err, "no-such-run", "--run-dir")
-
-
-# --- unwritable outputs ---------------------------------------------------------------
-needs_proc = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc (Linux)")
-
-
-@needs_proc
-def test_score_json_into_proc(archive, work, capsys):
-    run_dir, entry_id, data = archive
-    rc, _, err = call(["score", entry_id, "--data", data, "--run-dir", run_dir, "--json", "/proc/x.json"], capsys)
-    assert_one_line_error(rc, err, "/proc/x.json", "--json", "cannot write")
-
-
-def test_score_json_below_a_file(archive, work, capsys):
-    run_dir, entry_id, data = archive
-    rc, _, err = call(["score", entry_id, "--data", data, "--run-dir", run_dir, "--json", "good.csv/x.json"], capsys)
-    assert_one_line_error(rc, err, "good.csv/x.json", "--json", "cannot write")
-
-
-def test_score_json_below_a_file_says_why(archive, work, capsys):
-    run_dir, entry_id, data = archive
-    rc, _, err = call(["score", entry_id, "--data", data, "--run-dir", run_dir, "--json", "good.csv/x.json"], capsys)
-    assert_one_line_error(rc, err, "not a directory")
-
-
-@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into read-only directories")
-def test_score_json_into_a_read_only_directory(archive, read_only_dir, capsys):
-    run_dir, entry_id, data = archive
-    rc, _, err = call(
-        ["score", entry_id, "--data", data, "--run-dir", run_dir, "--json", read_only_dir / "x.json"], capsys
-    )
-    assert_one_line_error(rc, err, "x.json", "--json", "permission denied")
-
-
-@needs_proc
-@pytest.mark.parametrize("out", ["/proc/stepsynth-go", "good.csv/sub"])
-def test_export_go_into_an_unwritable_place(out, archive, work, capsys):
-    run_dir, entry_id, _ = archive
-    rc, _, err = call(["export-go", entry_id, "--out", out, "--run-dir", run_dir], capsys)
-    assert_one_line_error(rc, err, out, "--out")
-
-
-@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into read-only directories")
-def test_export_go_into_a_read_only_directory(archive, read_only_dir, capsys):
-    run_dir, entry_id, _ = archive
-    rc, _, err = call(["export-go", entry_id, "--out", read_only_dir, "--run-dir", run_dir], capsys)
-    assert_one_line_error(rc, err, "ro", "--out")
-
-
-@needs_proc
-def test_run_dir_that_cannot_be_created(work, capsys):
-    rc, _, err = call(
-        ["run", "--generations", "1", "--population", "8", "--data", "good.csv", "--run-dir", "/proc/stepsynth-run"],
-        capsys,
-    )
-    assert_one_line_error(rc, err, "/proc/stepsynth-run", "--run-dir")
-
-
-# --- the real process: exit status, one stderr line, no traceback ----------------------
-@pytest.mark.parametrize("case", ["nan", "unknown_id"])
-def test_real_process(case, archive, tmp_path):
-    run_dir, _, _ = archive
-    if case == "nan":
-        _set(good_trace(), 4, "batch.decode_tokens", np.nan).to_csv(tmp_path / "bad.csv", index=False)
-        args, needles = run_args("bad.csv"), ["bad.csv", "batch.decode_tokens", "NaN"]
-    else:
-        args, needles = ["archive", "show", "deadbeef", "--run-dir", str(run_dir)], ["'deadbeef'"]
-    res = subprocess.run(
-        [sys.executable, "-m", "evolve", *args], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120
-    )
-    assert_one_line_error(res.returncode, res.stderr, *needles)

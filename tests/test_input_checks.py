@@ -6,18 +6,8 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from test_bad_input import (
-    EXP_CONFIG,
-    H100,
-    LLAMA_7B,
-    _experiment,
-    _model_configs,
-    _set,
-    assert_one_line_error,
-    call,
-    good_trace,
-    run_args,
-)
+from error_lines import assert_one_line_error, call, good_trace, run_args, set_cell
+from test_bad_input import EXP_CONFIG, H100, LLAMA_7B, _experiment, _model_configs
 
 
 def assert_nothing_written(root) -> None:
@@ -93,7 +83,7 @@ def _half(col, value):
     [
         ("model_changes", _half("model", "llama-2-70b"), ["model", "'tiny'", "one per experiment"]),
         ("tp_changes", _half("tp", 2), ["tp", "'tiny'", "one per experiment"]),
-        ("huge_tokens", lambda df: _set(df, 3, "batch.decode_tokens", 1e300), ["batch.decode_tokens", "at most"]),
+        ("huge_tokens", lambda df: set_cell(df, 3, "batch.decode_tokens", 1e300), ["batch.decode_tokens", "at most"]),
         ("tp_3_for_70b", lambda df: df.assign(model="llama-2-70b", tp=3), ["tp", "TP 3", "64 attention heads"]),
         ("huge_tp", lambda df: df.assign(tp=4096), ["tp", "at most"]),
     ],
@@ -130,7 +120,7 @@ def test_consistent_per_request_detail_is_accepted(work, capsys):
     [
         ("empty", lambda r: r.iloc[:0], ["no rows"]),
         ("missing_request", lambda r: r.iloc[1:], ["step.id", "requests", "expected the same"]),
-        ("extra_tokens", lambda r: _set(r, 0, "new_tokens", 7), ["step.id", "new tokens"]),
+        ("extra_tokens", lambda r: set_cell(r, 0, "new_tokens", 7), ["step.id", "new tokens"]),
     ],
 )
 def test_inconsistent_per_request_detail(case, change, needles, work, capsys):

@@ -8,9 +8,10 @@ import tempfile
 from pathlib import Path
 
 import yaml
+from error_lines import assert_one_line_error, call, good_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_bad_input import EXP_CONFIG, H100, LLAMA_7B, _experiment, assert_one_line_error, call, good_trace
+from test_bad_input import EXP_CONFIG, H100, LLAMA_7B, _experiment
 
 SETTINGS = settings(
     max_examples=int(os.environ.get("STEPSYNTH_EXAMPLES", "30")),

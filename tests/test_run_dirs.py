@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_bad_input import ENV, assert_one_line_error, call
+from error_lines import ENV, assert_one_line_error, call
 
 from archive.rundir import RunLock
 from evolve.search import Search
