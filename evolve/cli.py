@@ -313,6 +313,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             baseline=with_baseline,
             plot_dir=report_dir,
             refit_rounds=args.refit_rounds,
+            seed=args.seed,
             load_draws=args.load_draws,
             step_time_scale=args.step_time_scale,
             step_scatter=scatter,

@@ -162,6 +162,13 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
         " and the report give their range (default: 1)",
     )
     p.add_argument(
+        "--seed",
+        type=_seed,
+        default=0,
+        metavar="S",
+        help="the load generator's seed: draws S, S+1, ... (default 0; a run's --seed is the draw it fitted on)",
+    )
+    p.add_argument(
         "--step-time-scale",
         type=_scale,
         default=1.0,

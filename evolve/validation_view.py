@@ -174,15 +174,19 @@ def print_validation(console, result: dict, title: str) -> None:
     if result.get("ranking"):
         console.print(ranking_table(result["ranking"]))
     console.print(summary_table(result.get("summary", {})))
+    first = result.get("load_seed", 0)
     if result.get("load_draws", 1) > 1:
         n = result["load_draws"]
-        console.print(f"predicted: the mean of {n} draws of the load (their range: --json, --report)")
+        seeds = f"seeds {first}-{first + n - 1}"
+        console.print(f"predicted: the mean of {n} draws of the load, {seeds} (their range: --json, --report)")
         inside = result.get("summary", {}).get("obs_in_range", {})
         counts = [
             f"{LABELS[m]} {inside[f'{m}_mean'][0]}/{inside[f'{m}_mean'][1]}" for m in LABELS if f"{m}_mean" in inside
         ]
         if counts:  # where it lies outside, the miss is the model's, not the load's randomness
             console.print("means inside the draws' range: " + ", ".join(counts))
+    elif first:
+        console.print(f"predicted: draw {first} of the load (--seed)")
     note = scatter_note(result)
     if note:
         console.print(note, markup=False, highlight=False)

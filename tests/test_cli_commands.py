@@ -181,6 +181,7 @@ def test_validate(project: Path, monkeypatch, capsys):
     def validate_entry(entry, experiments_dir, mode, resolver, **options):
         assert mode == "lomo" and experiments_dir == "exps"
         assert options["refit_rounds"] == 1 and options["load_draws"] == 3 and options["step_time_scale"] == 1.0
+        assert options["seed"] == 4  # the load's first draw
         item = {
             "name": "a",
             "e2e_mean_pred_s": 1.05,
@@ -202,7 +203,7 @@ def test_validate(project: Path, monkeypatch, capsys):
     assert (
         main(
             ["validate", ENTRY.id, "--experiments", "exps", "--lomo", "--refit-rounds", "1", "--load-draws", "3"]
-            + ["--json", "v.json"]
+            + ["--seed", "4", "--json", "v.json"]
         )
         == 0
     )
@@ -216,6 +217,8 @@ def test_validate(project: Path, monkeypatch, capsys):
     for flag, bad in [("--load-draws", "0"), ("--load-draws", "101"), ("--load-draws", "two")] + [
         ("--step-time-scale", "0"),
         ("--step-time-scale", "nan"),
+        ("--seed", "-1"),
+        ("--seed", "x"),
     ]:
         assert main(["validate", ENTRY.id, "--experiments", "exps", flag, bad]) == 2
         assert flag in one_error_line(capsys)

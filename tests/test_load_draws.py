@@ -70,6 +70,12 @@ def test_validate_compares_the_mean_of_the_seeds_own_runs(tmp_path, monkeypatch)
         runs = [s["stages"][i]["e2e_mean_pred_s"] for s in single]
         assert stage["e2e_mean_pred_s"] == pytest.approx(sum(runs) / 3)
         assert stage["e2e_mean_pred_max_s"] == max(runs)
+    # --seed S: the draws start at S (draws 1 and 2 here, the same runs as above)
+    later = validate_entry(entry(), tmp_path, None, resolver, jobs=1, seed=1, load_draws=2)
+    (shifted,) = later["experiments"]
+    assert later["load_seed"] == 1 and shifted["load_seeds"] == [1, 2]
+    pair = [s["e2e_mean_pred_s"] for s in single[1:]]
+    assert shifted["e2e_mean_pred_s"] == pytest.approx(sum(pair) / 2)
     assert single[0]["e2e_error"] == pytest.approx(0.0, abs=1e-9)  # seed 0 made the 'observation'
     fig = predicted_vs_observed_figure(res["experiments"], "t")
     bars = [c for ax in fig.axes for c in ax.containers if isinstance(c, ErrorbarContainer)]

@@ -142,12 +142,15 @@ def _lines(renderable_printer) -> list[str]:
 
 def test_validate_tables_fit_80_columns(validated):
     res, _ = validated
-    res = {**res, "load_draws": 100}  # the most draws the CLI takes: its lines fit too
+    res = {**res, "load_draws": 100, "load_seed": 10**6}  # the most draws the CLI takes: its lines fit too
     inside = {f"{m}_mean": [100, 100] for m in ("e2e", "ttft", "itl", "tpot")}
     res["summary"] = {**res["summary"], "obs_in_range": inside}
     lines = _lines(lambda c: print_validation(c, res, "Validation of abc123 (step time x1.05)"))
     assert max(len(line) for line in lines) <= 80
     assert any("the mean of 100 draws of the load" in line for line in lines)
+    assert "seeds 1000000-1000099" in " ".join(lines)
+    one = _lines(lambda c: print_validation(c, {**res, "load_draws": 1, "load_seed": 7}, "Validation of abc123"))
+    assert "predicted: draw 7 of the load (--seed)" in one and max(len(line) for line in one) <= 80
     assert any("means inside the draws' range: E2E 100/100, TTFT 100/100" in line for line in lines)
     text = "\n".join(lines)
     for words in ("E2E s", "p99", "Ranking", "model wrong", "TTFT p90", "llama-2-70b-hf tp4"):
@@ -258,6 +261,10 @@ def test_the_report_says_what_the_figures_are_the_mean_of(validated):
 
     res, root = validated
     assert "draws of the load" not in render(res, entry(), str(root))
+    assert "draw 0" not in render(res, entry(), str(root))  # the default draw goes unsaid
+    other = copy.deepcopy(res)
+    other["experiments"][0]["load_seeds"] = [5]
+    assert "The load is the generator's draw 5 (validate --seed 5)." in render(other, entry(), str(root))
     res = copy.deepcopy(res)
     res["load_draws"] = 3
     item = res["experiments"][0]
