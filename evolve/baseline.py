@@ -7,7 +7,7 @@ Here it is fitted on the same data the search fits on, the simplest honest way:
 1. the replay rows of every experiment with results (mean E2E, TTFT and ITL of the whole
    run and of each load stage, as linear functions of the per-step times; teacher-forced
    and linearised around a closed loop anchored at the observed ITL), recorded once with
-   the reference physics model (``evolve.calibration.build_replay_rows``, the search's own
+   the reference physics model (``evolve.calibration.refresh_replay_rows``, the search's own
    first recording), so the baseline does not depend on the model under test;
 2. per model, the expression ``prefill_tokens + decode_tokens`` refitted on that model's
    rows only (``fitness.validate.refit``: intercept and coefficients >= 0, the fitted
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import sympy as sp
 
-from evolve.calibration import build_replay_rows, scored_experiments
+from evolve.calibration import refresh_replay_rows, scored_experiments
 from fitness.validate import closed_loop_runs, default_jobs, refit
 from primitives.deployment import DeploymentResolver
 from primitives.errors import InputError
@@ -47,7 +47,7 @@ def blackbox_baseline(
     (with as many draws of the load, and the same step scatter, as the model it is compared with)."""
     jobs = jobs or default_jobs()
     specs = scored_experiments(Path(experiments_dir))
-    rows = build_replay_rows(Path(experiments_dir), resolver, list(BLACKBOX_TERMS), seed, jobs, scatter)
+    rows = refresh_replay_rows(Path(experiments_dir), resolver, None, list(BLACKBOX_TERMS), seed, jobs, scatter)
     terms = [sp.Symbol(t) for t in BLACKBOX_TERMS]
     model_of = {s.name: resolver.resolve_experiment(s).model.name for s in specs}
     fitted: dict[str, dict] = {}

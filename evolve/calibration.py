@@ -32,6 +32,7 @@ from fitness.replay_rows import (
     compress_steps,
     distrust_spurious_queues,
     linearise,
+    mean_of_draws,
     observed_us,
     probe_steps,
     row_labels,
@@ -198,25 +199,27 @@ def experiments_fingerprint(directory: Path) -> str:
 
 
 def trajectories(
-    specs, resolver: DeploymentResolver, models: list, names: list[str], seed: int, jobs: int, scatter=None
+    specs,
+    resolver: DeploymentResolver,
+    models: list,
+    names: list[str],
+    seed: int,
+    jobs: int,
+    scatter=None,
+    load_draws: int = 1,
 ):
-    """Closed-loop runs of each experiment with its model, in parallel (steps scattered as ``scatter``)."""
+    """Closed-loop runs of each experiment with its model, in parallel (steps scattered as
+    ``scatter``); with ``load_draws`` > 1, each experiment's rows are the mean over that many
+    draws of its load (seeds ``seed``, ``seed + 1``, ...; ``fitness.replay_rows.mean_of_draws``)."""
     deps = [resolver.resolve_experiment(s) for s in specs]
-    if jobs > 1 and len(specs) > 1:
-        return Parallel(n_jobs=jobs, backend="loky")(
-            delayed(record_trajectory)(s, d, m, names, seed, scatter)
-            for s, d, m in zip(specs, deps, models, strict=True)
-        )
-    return [record_trajectory(s, d, m, names, seed, scatter) for s, d, m in zip(specs, deps, models, strict=True)]
-
-
-def build_replay_rows(
-    experiments_dir: Path, resolver: DeploymentResolver, names: list[str], seed: int, jobs: int, scatter=None
-) -> ReplayRows:
-    """Initial rows: trajectories recorded with the reference physics model."""
-    specs = scored_experiments(Path(experiments_dir))
-    models = [reference_model(resolver.resolve_experiment(s)) for s in specs]
-    return rows_from(trajectories(specs, resolver, models, names, seed, jobs, scatter))
+    seeds = range(seed, seed + max(1, load_draws))
+    tasks = [(s, d, m, names, k, scatter) for s, d, m in zip(specs, deps, models, strict=True) for k in seeds]
+    if jobs > 1 and len(tasks) > 1:
+        done = Parallel(n_jobs=jobs, backend="loky")(delayed(record_trajectory)(*t) for t in tasks)
+    else:
+        done = [record_trajectory(*t) for t in tasks]
+    n = len(seeds)
+    return [mean_of_draws(done[i : i + n]) for i in range(0, len(done), n)]
 
 
 def record_rows(
@@ -227,17 +230,21 @@ def record_rows(
     seed: int,
     jobs: int,
     scatter=None,
+    load_draws: int = 1,
 ) -> ReplayRows:
-    """Rows of these experiments, recorded with a model (expression and overheads) driving the closed loop."""
-    models = [ExpressionLatencyModel.from_entry(entry, resolver.resolve_experiment(s)) for s in specs]
-    return rows_from(trajectories(specs, resolver, models, names, seed, jobs, scatter))
+    """Rows of these experiments, recorded with a model (expression and overheads) driving the
+    closed loop; ``entry`` None: the hand-calibrated reference physics model (the first rows)."""
+    deployments = [resolver.resolve_experiment(s) for s in specs]
+    if entry is None:
+        models = [reference_model(d) for d in deployments]
+    else:
+        models = [ExpressionLatencyModel.from_entry(entry, d) for d in deployments]
+    return rows_from(trajectories(specs, resolver, models, names, seed, jobs, scatter, load_draws))
 
 
-def refresh_replay_rows(
-    experiments_dir: Path, resolver: DeploymentResolver, entry, names: list[str], seed: int, jobs: int, scatter=None
-) -> ReplayRows:
-    """Rows of every experiment with results, re-recorded with an archived model (``record_rows``)."""
-    return record_rows(scored_experiments(Path(experiments_dir)), resolver, entry, names, seed, jobs, scatter)
+def refresh_replay_rows(experiments_dir: Path, resolver: DeploymentResolver, entry, *args, **options) -> ReplayRows:
+    """``record_rows`` of every experiment with results under ``experiments_dir``."""
+    return record_rows(scored_experiments(Path(experiments_dir)), resolver, entry, *args, **options)
 
 
 # --- the search's side: which model records, and when ---------------------------------
@@ -273,14 +280,14 @@ def calibrated_replay_rows(
     Returns (rows, the model that recorded them).
     """
     exp_dir = Path(config.experiments)
-    scatter = recorded_scatter(config.step_scatter)
+    scatter, draws = recorded_scatter(config.step_scatter), config.load_draws
     if replay_model is not None:
         ui.log("re-recording trajectories of the checkpointed replay model")
         entry = model_entry(replay_model)
-        rows = refresh_replay_rows(exp_dir, resolver, entry, names, config.seed, config.jobs, scatter)
+        rows = refresh_replay_rows(exp_dir, resolver, entry, names, config.seed, config.jobs, scatter, draws)
         return rows, replay_model
     ui.log("recording reference trajectories (closed loop, every experiment)")
-    rows = build_replay_rows(exp_dir, resolver, names, config.seed, config.jobs, scatter)
+    rows = refresh_replay_rows(exp_dir, resolver, None, names, config.seed, config.jobs, scatter, draws)
     recorded_by: tuple[str, dict] | None = None
     _, score = best_seed(replace(ctx, replay=rows), names)
     best = (score.replay_error, rows, recorded_by)
@@ -292,7 +299,7 @@ def calibrated_replay_rows(
         )
         try:
             entry = model_entry(model)
-            rows = refresh_replay_rows(exp_dir, resolver, entry, names, config.seed, config.jobs, scatter)
+            rows = refresh_replay_rows(exp_dir, resolver, entry, names, config.seed, config.jobs, scatter, draws)
         except NoSuccessfulRequest as exc:
             ui.log(f"calibration {r + 1}: keeping the previous trajectories: {exc}")
             break
@@ -326,6 +333,7 @@ def refresh_trajectories(search, config: RunConfig, resolver: DeploymentResolver
             config.seed,
             config.jobs,
             recorded_scatter(config.step_scatter),
+            config.load_draws,
         )
     except NoSuccessfulRequest as exc:  # the model's own failure: keep the trajectories of the last one
         ui.log(f"refresh skipped, keeping the previous trajectories: {exc}")

@@ -11,7 +11,7 @@ import math
 import sys
 from typing import Callable, NoReturn
 
-from evolve.config import BOUNDS_HELP, REFIT_ROUNDS, parse_bounds
+from evolve.config import BOUNDS_HELP, MAX_LOAD_DRAWS, REFIT_ROUNDS, parse_bounds
 from evolve.resume import MAX_SEED
 
 PROG = "python -m evolve"
@@ -45,7 +45,6 @@ _positive_int = _number_arg(int, lambda v: v >= 1, "a number >= 1")
 _nonnegative_int = _number_arg(int, lambda v: v >= 0, "a number >= 0")
 _jobs = _number_arg(int, lambda v: v >= 1 or v == -1, "a number >= 1 (or -1 for every core)")
 _seed = _number_arg(int, lambda v: 0 <= v <= MAX_SEED, f"a seed in 0..{MAX_SEED}")
-MAX_LOAD_DRAWS = 100
 _scale = _number_arg(float, lambda v: 0.1 <= v <= 10, "a factor in 0.1..10", "a number")
 _load_draws = _number_arg(int, lambda v: 1 <= v <= MAX_LOAD_DRAWS, f"a number in 1..{MAX_LOAD_DRAWS}")
 _positive_float = _number_arg(
@@ -109,6 +108,13 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
         const=True,
         help="simulated steps scatter as the step data's steps do around their neighbours (measured"
         " once; validate uses it too)",
+    )
+    p.add_argument(
+        "--load-draws",
+        type=_load_draws,
+        metavar="N",
+        help="fit the replayed means to the mean of N draws of each experiment's load (seeds S, S+1, ...)"
+        " and check the front on as many (default 1)",
     )
     p.add_argument(
         "--checkpoint-every", type=_positive_int, metavar="N", help="generations between checkpoints (default 5)"

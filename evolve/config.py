@@ -37,6 +37,8 @@ class RunConfig:
     # simulated steps scatter as the run's step data do (fitness.step_scatter), measured at the start
     scatter_steps: bool = False
     step_scatter: dict | None = None  # StepScatter.to_dict() of the measured scatter; None: none
+    # draws of each experiment's load the replayed rows and the final closed-loop check average
+    load_draws: int = 1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -46,6 +48,7 @@ class RunConfig:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
+MAX_LOAD_DRAWS = 100  # draws of an experiment's load a run or a validation may average
 REFIT_ROUNDS = 2  # validate's transfer checks: re-recordings of each fold's training runs (evolve.validation)
 
 BOUNDS_HELP = "interval of a µs term's fitted efficiency (default 1,4)"

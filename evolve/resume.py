@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 from archive.rundir import RunDir, default_run_dir, refuse_used_dir
-from evolve.config import RunConfig
+from evolve.config import MAX_LOAD_DRAWS, RunConfig
 from fitness.step_scatter import StepScatter
 from primitives import checks
 from primitives.errors import InputError
@@ -31,6 +31,7 @@ FIXED_BY_THE_RUN = {
     "kernels": "--kernels",
     "efficiency_bounds": "--efficiency-bounds",
     "scatter_steps": "--step-scatter",
+    "load_draws": "--load-draws",
     "checkpoint_every": "--checkpoint-every",
 }
 PATH_FIELDS = ("experiments", "model_configs", "gpu_datasheet", "kernels")
@@ -79,6 +80,8 @@ def _saved_config(path: Path) -> RunConfig:
     checks.boolean(saved["scatter_steps"], path, "scatter_steps")
     if saved.get("step_scatter") is not None:
         StepScatter.from_dict(saved["step_scatter"], path)
+    saved.setdefault("load_draws", 1)  # a run from before the draws resumes with one
+    checks.number(saved["load_draws"], path, "load_draws", integer=True, upper=MAX_LOAD_DRAWS)
     return RunConfig.from_dict(saved)
 
 

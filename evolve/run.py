@@ -196,6 +196,9 @@ def _run(config: RunConfig, ui, termination: Termination) -> list:
     if config.scatter_steps:
         scatter = recorded_scatter(config.step_scatter)
         ui.log(describe_scatter(scatter.summary()) if scatter else "too few steps to measure their scatter: none")
+    if config.experiments and config.load_draws > 1:
+        last = config.seed + config.load_draws - 1
+        ui.log(f"replayed means: the mean of {config.load_draws} draws of each load (seeds {config.seed}-{last})")
     fingerprint = ctx.steps.fingerprint
     if config.experiments:
         fingerprint = f"{fingerprint}+{experiments_fingerprint(Path(config.experiments))}"
@@ -290,6 +293,7 @@ def _search(
                     rows=search.ctx.replay,
                     bounds=search.ctx.efficiency_bounds,
                     scatter=recorded_scatter(config.step_scatter),
+                    load_draws=config.load_draws,
                 )
         except TimeLimitReached:  # the front stays as the search scored it
             ui.log("time limit reached during the final closed-loop check; the front keeps the search's scores")

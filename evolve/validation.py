@@ -332,7 +332,15 @@ TRANSFER_MODES = ("lowo", "stage-transfer", "lomo")
 
 
 def transfer_errors(
-    expression: str, rows, scored, resolver, seed: int, jobs, bounds, scatter: StepScatter | None = None
+    expression: str,
+    rows,
+    scored,
+    resolver,
+    seed: int,
+    jobs,
+    bounds,
+    scatter: StepScatter | None = None,
+    load_draws: int = 1,
 ) -> dict[str, float]:
     """How the expression holds where its constants were not fitted: the three transfer checks,
     each fold refitted on ``rows``.
@@ -362,7 +370,7 @@ def transfer_errors(
             continue
         try:
             items, _ = transfer_items(
-                terms, rows, folds, kind, resolver, seed, jobs, bounds, tails=False, scatter=scatter
+                terms, rows, folds, kind, resolver, seed, jobs, bounds, False, load_draws=load_draws, scatter=scatter
             )
         except InputError:
             worst = dict.fromkeys(REPLAY_METRICS, np.inf)
@@ -392,6 +400,7 @@ def closed_loop_check(
     rows=None,
     bounds=DEFAULT_EFFICIENCY_BOUNDS,  # or EfficiencyBounds, with the run's caps
     scatter: StepScatter | None = None,  # the run's measured step scatter
+    load_draws: int = 1,  # each experiment simulated with this many draws of its load, compared by their mean
 ) -> list:
     """Validate the most promising front entries in the closed loop; returns those checked.
 
@@ -418,7 +427,7 @@ def closed_loop_check(
     chosen = chosen[:limit]
     for e in chosen:
         ui.log(f"closed-loop check of {e.id} (complexity {e.complexity}) on {len(specs)} experiments")
-        items = closed_loop_items(specs, resolver, e.expression, e.overheads, seed, jobs, False, scatter=scatter)
+        items = closed_loop_items(specs, resolver, e.expression, e.overheads, seed, jobs, False, load_draws, scatter)
         stats = error_stats({m: [i[f"{m}_error"] for i in items] for m in REPLAY_METRICS})
         for m in REPLAY_METRICS:
             mean, worst, _ = stats[m]
@@ -437,7 +446,8 @@ def closed_loop_check(
         e.objectives["closed_loop"] = 1.0
         if rows is not None:
             ui.log(f"transfer checks of {e.id} (each workload, model and fast stage held out)")
-            e.objectives.update(transfer_errors(e.expression, rows, specs, resolver, seed, jobs, bounds, scatter))
+            transfer = transfer_errors(e.expression, rows, specs, resolver, seed, jobs, bounds, scatter, load_draws)
+            e.objectives.update(transfer)
         for i in items:
             e.per_experiment.setdefault(i["name"], {}).update(
                 {f"{m}_error_closed_loop": i[f"{m}_error"] for m in REPLAY_METRICS}

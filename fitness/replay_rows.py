@@ -82,6 +82,33 @@ class ExperimentTrajectory:
     probes: dict[str, np.ndarray]  # primitives of single uncompressed steps (see probe_steps)
 
 
+def mean_of_draws(draws: list[ExperimentTrajectory]) -> ExperimentTrajectory:
+    """One experiment's rows as the mean over several draws of its load.
+
+    Each draw's row is linear in its own steps' times, so their mean is linear in the
+    union of the steps: the columns are concatenated and each draw's weights divided by
+    the number of draws. A candidate is then fitted to the mean of what the draws give,
+    the figure ``validate --load-draws`` compares, not to one draw's luck near saturation.
+    """
+    if len(draws) == 1:
+        return draws[0]
+    first, n = draws[0], len(draws)
+    if any((d.name, d.labels) != (first.name, first.labels) for d in draws):
+        raise ValueError("draws of different experiments (or rows) can not be averaged")
+    return ExperimentTrajectory(
+        name=first.name,
+        model=first.model,
+        columns={k: np.concatenate([d.columns[k] for d in draws]) for k in first.columns},
+        weights=np.hstack([d.weights for d in draws]) / n,
+        overhead=np.mean([d.overhead for d in draws], axis=0),
+        fixed_us=np.mean([d.fixed_us for d in draws], axis=0),
+        observed_us=np.minimum.reduce([d.observed_us for d in draws]),  # NaN where any draw queued spuriously
+        labels=first.labels,
+        gain=np.mean([d.gain for d in draws], axis=0),
+        probes={k: np.concatenate([d.probes[k] for d in draws]) for k in first.probes},
+    )
+
+
 def rows_from(trajs: list[ExperimentTrajectory]) -> ReplayRows:
     return ReplayRows(
         names=[t.name for t in trajs],

@@ -1,0 +1,142 @@
+"""``run --load-draws N``: the replayed rows are the mean over N draws of each experiment's
+load, and the final closed-loop check compares the mean of as many draws (near saturation
+one draw's luck can move a mean TTFT by tens of percent)."""
+
+import json
+
+import numpy as np
+import pytest
+from test_validate import LLAMA_7B, entry, observe, write_experiment
+
+from fitness.replay_rows import ExperimentTrajectory, mean_of_draws, rows_from
+from primitives.deployment import default_resolver
+from primitives.errors import InputError
+
+LABELS = [("e2e", "all"), ("ttft", "all")]
+
+
+def _draw(rng, steps: int, observed=(2.0e6, 1.0e5)) -> ExperimentTrajectory:
+    return ExperimentTrajectory(
+        name="exp",
+        model="m",
+        columns={"a": rng.random(steps), "b": rng.random(steps)},
+        weights=rng.random((2, steps)),
+        overhead=rng.random((2, 3)),
+        fixed_us=rng.random(2),
+        observed_us=np.asarray(observed),
+        labels=LABELS,
+        gain=np.ones(2),
+        probes={"a": rng.random(4), "b": rng.random(4)},
+    )
+
+
+def _form(t: ExperimentTrajectory, coef: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """Each row's predicted mean for the step time ``coef @ (a, b)`` and non-step terms ``theta``."""
+    step_us = coef[0] * t.columns["a"] + coef[1] * t.columns["b"]
+    return t.weights @ step_us + t.overhead @ theta + t.fixed_us
+
+
+def test_the_mean_of_draws_is_the_mean_of_their_linear_forms():
+    rng = np.random.default_rng(0)
+    draws = [_draw(rng, n) for n in (5, 7, 6)]  # draws of one load differ in their number of steps
+    merged = mean_of_draws(draws)
+    for _ in range(3):  # any candidate's step times and non-step terms
+        coef, theta = rng.random(2) * 3, rng.random(3)
+        want = np.mean([_form(d, coef, theta) for d in draws], axis=0)
+        assert _form(merged, coef, theta) == pytest.approx(want, rel=1e-12)
+    assert len(merged.columns["a"]) == 18 and len(merged.probes["b"]) == 12  # every draw's steps stay probes
+    assert merged.labels == LABELS and merged.name == "exp"
+    assert mean_of_draws(draws[:1]) is draws[0]  # one draw: its rows as they were
+    rows = rows_from([merged])
+    assert rows.names == ["exp"] and rows.weights[0].shape == (2, 18)
+
+
+def test_a_row_that_one_draw_distrusts_is_dropped_and_other_experiments_are_refused():
+    rng = np.random.default_rng(1)
+    queued = _draw(rng, 4, observed=(np.nan, np.nan))  # this draw's recording queued where the server did not
+    merged = mean_of_draws([_draw(rng, 4), queued])
+    assert np.isnan(merged.observed_us).all()
+    other = _draw(rng, 4)
+    other.name = "another"
+    with pytest.raises(ValueError, match="different experiments"):
+        mean_of_draws([_draw(rng, 4), other])
+
+
+def _row_means(rows, names, coef) -> np.ndarray:
+    """The first experiment's replayed means for the step time ``coef @ names``."""
+    step_us = sum(c * rows.columns[0][n] for c, n in zip(coef, names, strict=True))
+    return rows.weights[0] @ step_us + rows.fixed_us[0]
+
+
+def test_recordings_of_several_draws_are_the_mean_of_each_draws_recording(tmp_path, monkeypatch):
+    from evolve.calibration import refresh_replay_rows
+
+    monkeypatch.chdir(tmp_path)
+    observe(write_experiment(tmp_path, "exp-a-llama-2-7b-tp1-general", *LLAMA_7B, stages=[(3.0, 6), (6.0, 6)]))
+    resolver, names = default_resolver(), ["weight_time_us", "kv_io_time_us"]
+    one = [refresh_replay_rows(tmp_path, resolver, entry(), names, s, 1) for s in (3, 4)]
+    both = refresh_replay_rows(tmp_path, resolver, entry(), names, 3, 2, load_draws=2)  # seeds 3 and 4, two jobs
+    assert both.weights[0].shape[1] == sum(r.weights[0].shape[1] for r in one)
+    for coef in ([1.3, 1.1], [2.0, 1.0]):
+        singles = [_row_means(r, names, coef) for r in one]
+        assert not np.allclose(*singles)  # the draws differ, so the mean means something
+        assert _row_means(both, names, coef) == pytest.approx(np.mean(singles, axis=0), rel=1e-9)
+
+
+def test_the_final_check_simulates_as_many_draws(tmp_path, monkeypatch):
+    import evolve.validation as ev
+    import fitness.validate as fv
+    from evolve.calibration import refresh_replay_rows, scored_experiments
+
+    monkeypatch.chdir(tmp_path)
+    for workload in ("codegen", "general"):
+        observe(write_experiment(tmp_path, f"e-llama-2-7b-tp1-{workload}", *LLAMA_7B, stages=[(2.0, 6), (4.0, 6)]))
+    resolver = default_resolver()
+    rows = refresh_replay_rows(
+        tmp_path, resolver, entry(), ["weight_time_us", "kv_io_time_us", "allreduce_calls"], 0, 1
+    )
+    seen = []
+    real = fv.closed_loop_runs
+
+    def spy(runs, resolver, seed=0, jobs=None, tails=True, load_draws=1, scatter=None):
+        seen.append((len(runs), load_draws))
+        return real(runs, resolver, seed, jobs, tails, load_draws, scatter)
+
+    monkeypatch.setattr(fv, "closed_loop_runs", spy)
+    (checked,) = ev.closed_loop_check([entry()], 1, tmp_path, resolver, 0, 1, _Quiet(), rows, (1.0, 4.0), None, 2)
+    # the closed loop of both experiments, then each transfer check's held-out runs: two draws each
+    assert seen[0] == (2, 2) and len(seen) > 1 and {d for _, d in seen} == {2}
+    assert checked.objectives["closed_loop"] == 1.0 and "transfer_error" in checked.objectives
+    item = checked.per_experiment[scored_experiments(tmp_path)[0].name]
+    assert "e2e_error_closed_loop" in item
+
+
+class _Quiet:
+    def log(self, text: str) -> None:
+        pass
+
+
+def test_a_run_records_its_draws_and_an_old_run_resumes_with_one(tmp_path):
+    from evolve.resume import _saved_config
+
+    path = tmp_path / "run.json"
+    base = {"generations": 5, "population": 10, "seed": 0}
+    path.write_text(json.dumps(base))
+    assert _saved_config(path).load_draws == 1
+    path.write_text(json.dumps({**base, "load_draws": 3}))
+    assert _saved_config(path).load_draws == 3
+    for bad in (0, 1.5, "3", 101):
+        path.write_text(json.dumps({**base, "load_draws": bad}))
+        with pytest.raises(InputError, match="load_draws"):
+            _saved_config(path)
+
+
+def test_run_refuses_a_bad_number_of_draws_in_one_line(tmp_path, monkeypatch, capsys):
+    from evolve.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for bad, expected in [("0", "1..100"), ("101", "1..100"), ("two", "a whole number")]:
+        assert main(["run", "--generations", "1", "--load-draws", bad]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert "--load-draws" in line and expected in line
+    assert not (tmp_path / "runs").exists()
