@@ -47,7 +47,9 @@ def blackbox_baseline(
     (with as many draws of the load, and the same step scatter, as the model it is compared with)."""
     jobs = jobs or default_jobs()
     specs = scored_experiments(Path(experiments_dir))
-    rows = refresh_replay_rows(Path(experiments_dir), resolver, None, list(BLACKBOX_TERMS), seed, jobs, scatter)
+    rows = refresh_replay_rows(
+        Path(experiments_dir), resolver, None, list(BLACKBOX_TERMS), seed, jobs, scatter, load_draws
+    )
     terms = [sp.Symbol(t) for t in BLACKBOX_TERMS]
     model_of = {s.name: resolver.resolve_experiment(s).model.name for s in specs}
     fitted: dict[str, dict] = {}

@@ -275,7 +275,7 @@ def _draws_note(result: dict) -> str:
     what_if = f" What-if: every step takes {scale:g} times the model's step time." if scale != 1.0 else ""
     seeds = next((i["load_seeds"] for i in result.get("experiments", []) if i.get("load_seeds")), [])
     if len(seeds) <= 1:
-        first = seeds[0] if seeds else 0  # draw 0 is the default: said only when another was asked for
+        first = result.get("load_seed", 0)  # draw 0 is the default: said only when another was asked for
         return what_if + (f" The load is the generator's draw {first} (validate --seed {first})." if first else "")
     return what_if + (
         f" Each simulated figure is the mean of {len(seeds)} draws of the load (arrival times and prompt"

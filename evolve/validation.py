@@ -88,7 +88,8 @@ def validate_entry(
 
     ``load_draws``: each experiment is simulated with that many draws of the load generator's
     randomness, arrival times and prompt lengths (seeds ``seed``, ``seed + 1``, ...), and
-    compared by their mean (``fitness.validate.compare``).
+    compared by their mean (``fitness.validate.compare``); the transfer checks' refits and the
+    baseline are fitted to the mean of as many draws (``fitness.replay_rows.mean_of_draws``).
     ``step_time_scale`` (closed loop only): a what-if, every step that factor slower or faster
     (how far a run is from overload); the result's ``expression`` is the scaled one.
     ``step_scatter``: each simulated step (the transfer checks' recordings and the baseline's
@@ -288,13 +289,14 @@ def _transfer(
     _, terms, _ = split_terms(parse_infix(entry.expression))
     names = sorted({s.name for t in terms for s in t.free_symbols}) or ["batch_size"]
     jobs = jobs or default_jobs()
-    # trajectories recorded with the entry itself; each fold's refit re-records its own (``refit_fold``)
-    rows = record_rows(scored, resolver, entry, names, seed, jobs, scatter)
+    # trajectories recorded with the entry itself; each fold's refit re-records its own (``refit_fold``),
+    # with as many draws of the load as the held-out runs are compared on
+    rows = record_rows(scored, resolver, entry, names, seed, jobs, scatter, load_draws)
     by_name = {s.name: s for s in scored}
 
     def rerecord(expression: str, overheads: dict, training: list[str]):
         model = SimpleNamespace(expression=expression, overheads=overheads)
-        return record_rows([by_name[n] for n in training], resolver, model, names, seed, jobs, scatter)
+        return record_rows([by_name[n] for n in training], resolver, model, names, seed, jobs, scatter, load_draws)
 
     bounds = run_efficiency_bounds(entry.run_config)
     try:

@@ -78,17 +78,38 @@ class _Emitter:
 
 
 def _lambdified_source(fn) -> str:
-    """The source sympy printed for FN: from linecache, or, in a process that received FN
-    pickled (a worker; the linecache entry stays behind), from the docstring lambdify writes."""
+    """The source sympy printed for FN, checked against FN's own bytecode.
+
+    sympy files each printed function in ``linecache`` under ``<lambdifygenerated-N>``, N
+    counting per process. A function that reached this process pickled (a worker) keeps
+    its parent's N, and here that name may hold another function this process printed:
+    the wrong source, silently (a model's step program became ``n_layers``). So each
+    candidate, ``linecache``'s and the one lambdify writes into the docstring, is used
+    only if it compiles to FN's code."""
+    candidates = []
     try:
-        return inspect.getsource(fn)
+        candidates.append(inspect.getsource(fn))
     except (OSError, TypeError):
-        doc = fn.__doc__ or ""
-        head, _, rest = doc.partition("Source code:\n\n")
-        source, _, _ = rest.partition("\n\nImported modules:")
-        if not head or not source.startswith("def "):
-            raise Unsupported("the lambdified source is not available") from None
-        return source
+        pass
+    doc = fn.__doc__ or ""
+    head, _, rest = doc.partition("Source code:\n\n")
+    if head:
+        candidates.append(rest.partition("\n\nImported modules:")[0])
+    for source in candidates:
+        if source.startswith("def ") and _compiles_to(source, fn.__code__):
+            return source
+    raise Unsupported("the lambdified source is not available")
+
+
+def _compiles_to(source: str, code) -> bool:
+    """Whether SOURCE (one ``def``) compiles to a function with CODE's bytecode, names and constants."""
+    try:
+        module = compile(source, code.co_filename, "exec")
+    except SyntaxError:
+        return False
+    mine = next((c for c in module.co_consts if hasattr(c, "co_code")), None)
+    fields = ("co_code", "co_consts", "co_names", "co_varnames", "co_argcount")
+    return mine is not None and all(getattr(mine, f) == getattr(code, f) for f in fields)
 
 
 def _returned_expression(fn) -> tuple[ast.expr, list[str]]:

@@ -181,3 +181,18 @@ def test_a_model_received_by_a_worker_still_compiles():
     program = model.step_program()
     batch = (np.array([100.0, 900.0]), np.array([1.0, 300.0]), np.array([120.0, 1200.0]), np.array([4.0, 0.0]))
     assert evaluate(program, *batch) == model.step_time_us(*batch)
+
+
+def test_a_worker_never_compiles_another_function_filed_under_the_models_name():
+    # sympy files each printed function under <lambdifygenerated-N>, N counting per process: in a
+    # worker, the N a pickled model brings may name a function the worker printed itself
+    model = cloudpickle.loads(cloudpickle.dumps(expr_model(KERNEL_EXPR + " + 2*batch_size")))
+    filed = model._scalar_fn.__code__.co_filename
+    other = "def _lambdifygenerated(n_layers):\n    return n_layers\n"
+    linecache.cache[filed] = (len(other), None, other.splitlines(True), filed)
+    try:
+        program = model.step_program()
+    finally:
+        linecache.cache.pop(filed, None)
+    batch = (np.array([100.0, 900.0]), np.array([1.0, 300.0]), np.array([120.0, 1200.0]), np.array([4.0, 0.0]))
+    assert evaluate(program, *batch) == model.step_time_us(*batch) > 100.0

@@ -223,12 +223,15 @@ def test_the_transfer_checks_record_and_refit_with_the_scatter(tmp_path, monkeyp
         )
     seen, real = [], validation.record_rows
 
-    def spy(specs, resolver, model, names, seed, jobs, scatter=None):
-        seen.append(scatter)
-        return real(specs, resolver, model, names, seed, jobs, scatter)
+    def spy(specs, resolver, model, names, seed, jobs, scatter=None, load_draws=1):
+        seen.append((scatter, load_draws))
+        return real(specs, resolver, model, names, seed, jobs, scatter, load_draws)
 
     monkeypatch.setattr(validation, "record_rows", spy)
     scatter = StepScatter((0.9, 1.0, 1.1), 3, "traces")
-    res = validation.validate_entry(entry(), tmp_path, "lowo", default_resolver(), jobs=1, step_scatter=scatter)
-    assert len(seen) >= 3 and all(s is scatter for s in seen)  # the entry's recording and each fold's
+    res = validation.validate_entry(
+        entry(), tmp_path, "lowo", default_resolver(), jobs=1, step_scatter=scatter, load_draws=2
+    )
+    # the entry's recording and each fold's, scattered, and fitted to the mean of the draws compared on
+    assert len(seen) >= 3 and all(s is scatter and n == 2 for s, n in seen)
     assert res["step_scatter"]["source"] == "traces"
