@@ -140,3 +140,35 @@ def test_run_refuses_a_bad_number_of_draws_in_one_line(tmp_path, monkeypatch, ca
         (line,) = capsys.readouterr().err.strip().splitlines()
         assert "--load-draws" in line and expected in line
     assert not (tmp_path / "runs").exists()
+
+
+def test_every_recording_of_a_run_averages_the_runs_draws(monkeypatch):
+    """Calibration (from scratch and from a checkpointed model) and the search's refreshes."""
+    from types import SimpleNamespace
+
+    import evolve.calibration as cal
+    from evolve.config import RunConfig
+    from fitness.scoring import FitnessContext
+
+    seen = []
+
+    def spy(experiments_dir, resolver, entry, names, seed, jobs, scatter=None, load_draws=1):
+        seen.append((entry is None, seed, load_draws))
+        return SimpleNamespace(tag=len(seen))
+
+    monkeypatch.setattr(cal, "refresh_replay_rows", spy)
+    scores = iter([SimpleNamespace(replay_error=0.2), SimpleNamespace(replay_error=0.1)])
+    monkeypatch.setattr(cal, "best_seed", lambda ctx, names: (None, next(scores)))
+    monkeypatch.setattr(cal, "replay_model_of", lambda score: ("1.0*tp", {}))
+    config = RunConfig(generations=3, experiments="exps", seed=7, load_draws=3, calibration_rounds=1)
+    ctx, ui = FitnessContext(None), _Quiet()
+    cal.calibrated_replay_rows(config, None, ctx, ["tp"], None, ui)  # the reference, then the best seed
+    cal.calibrated_replay_rows(config, None, ctx, ["tp"], ("2.0*tp", {}), ui)  # a resumed run's model
+    search = SimpleNamespace(
+        best_item=lambda: (None, "best"),
+        state=SimpleNamespace(replay_model=None, generation=1),
+        ctx=ctx,
+        replace_context=lambda new: None,
+    )
+    cal.refresh_trajectories(search, config, None, ["tp"], ui)
+    assert seen == [(True, 7, 3), (False, 7, 3), (False, 7, 3), (False, 7, 3)]
