@@ -89,6 +89,8 @@ def mean_of_draws(draws: list[ExperimentTrajectory]) -> ExperimentTrajectory:
     union of the steps: the columns are concatenated and each draw's weights divided by
     the number of draws. A candidate is then fitted to the mean of what the draws give,
     the figure ``validate --load-draws`` compares, not to one draw's luck near saturation.
+    A row that one draw's recording distrusts (``distrust_spurious_queues``) is dropped for
+    all: the mean over the trusting draws alone would lean toward those that did not queue.
     """
     if len(draws) == 1:
         return draws[0]
