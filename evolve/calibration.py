@@ -258,6 +258,16 @@ def model_entry(replay_model: tuple[str, dict]):
     return SimpleNamespace(expression=replay_model[0], overheads=replay_model[1])
 
 
+def run_rows(config: RunConfig, resolver: DeploymentResolver, model: tuple[str, dict] | None, names: list[str]):
+    """The run's replay rows recorded with MODEL (None: the reference physics), as every recording
+    of a run is made: its experiments, seed, jobs, measured step scatter and draws of the load."""
+    entry = model_entry(model) if model is not None else None
+    scatter, draws = recorded_scatter(config.step_scatter), config.load_draws
+    return refresh_replay_rows(
+        Path(config.experiments), resolver, entry, names, config.seed, config.jobs, scatter, draws
+    )
+
+
 def best_seed(ctx: FitnessContext, names: list[str]):
     """The seed model (``seeds/``) with the lowest search error in this context, and its score."""
     programs = [tree_to_program(t) for t in seed_trees(names, build_pset(names))]
@@ -279,15 +289,11 @@ def calibrated_replay_rows(
     the search starts from batches close to what a fitted model produces.
     Returns (rows, the model that recorded them).
     """
-    exp_dir = Path(config.experiments)
-    scatter, draws = recorded_scatter(config.step_scatter), config.load_draws
     if replay_model is not None:
         ui.log("re-recording trajectories of the checkpointed replay model")
-        entry = model_entry(replay_model)
-        rows = refresh_replay_rows(exp_dir, resolver, entry, names, config.seed, config.jobs, scatter, draws)
-        return rows, replay_model
+        return run_rows(config, resolver, replay_model, names), replay_model
     ui.log("recording reference trajectories (closed loop, every experiment)")
-    rows = refresh_replay_rows(exp_dir, resolver, None, names, config.seed, config.jobs, scatter, draws)
+    rows = run_rows(config, resolver, None, names)
     recorded_by: tuple[str, dict] | None = None
     _, score = best_seed(replace(ctx, replay=rows), names)
     best = (score.replay_error, rows, recorded_by)
@@ -298,8 +304,7 @@ def calibrated_replay_rows(
             " re-recording with it"
         )
         try:
-            entry = model_entry(model)
-            rows = refresh_replay_rows(exp_dir, resolver, entry, names, config.seed, config.jobs, scatter, draws)
+            rows = run_rows(config, resolver, model, names)
         except NoSuccessfulRequest as exc:
             ui.log(f"calibration {r + 1}: keeping the previous trajectories: {exc}")
             break
@@ -325,16 +330,7 @@ def refresh_trajectories(search, config: RunConfig, resolver: DeploymentResolver
         return
     ui.log(f"generation {search.state.generation}: refreshing trajectories with the current best model")
     try:
-        rows = refresh_replay_rows(
-            Path(config.experiments),
-            resolver,
-            model_entry(model),
-            names,
-            config.seed,
-            config.jobs,
-            recorded_scatter(config.step_scatter),
-            config.load_draws,
-        )
+        rows = run_rows(config, resolver, model, names)
     except NoSuccessfulRequest as exc:  # the model's own failure: keep the trajectories of the last one
         ui.log(f"refresh skipped, keeping the previous trajectories: {exc}")
         return
