@@ -273,13 +273,12 @@ def _sentence(text: str) -> str:
 def _draws_note(result: dict) -> str:
     scale = result.get("step_time_scale", 1.0)
     what_if = f" What-if: every step takes {scale:g} times the model's step time." if scale != 1.0 else ""
-    seeds = next((i["load_seeds"] for i in result.get("experiments", []) if i.get("load_seeds")), [])
-    if len(seeds) <= 1:
-        first = result.get("load_seed", 0)  # draw 0 is the default: said only when another was asked for
+    first, n = result.get("load_seed", 0), result.get("load_draws", 1)  # as the terminal says it
+    if n <= 1:  # draw 0 is the default: said only when another was asked for
         return what_if + (f" The load is the generator's draw {first} (validate --seed {first})." if first else "")
     return what_if + (
-        f" Each simulated figure is the mean of {len(seeds)} draws of the load (arrival times and prompt"
-        f" lengths; seeds {seeds[0]}–{seeds[-1]});"
+        f" Each simulated figure is the mean of {n} draws of the load (arrival times and prompt"
+        f" lengths; seeds {first}–{first + n - 1});"
         " the bars of the predicted-against-observed plots and a cell's hover text give their range."
     )
 
