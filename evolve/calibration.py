@@ -20,7 +20,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-from joblib import Parallel, delayed
 
 from evolve.config import RunConfig
 from evolve.search import search_error
@@ -45,6 +44,7 @@ from fitness.sim.loadgen import NoSuccessfulRequest, require_success
 from fitness.sim.models import AnchoredModel, ExpressionLatencyModel, reference_model
 from fitness.sim.replay import OVERHEAD_NAMES, metric_weights
 from fitness.step_scatter import recorded_scatter, step_scales
+from fitness.validate import parallel_map
 from primitives.compute import kernel_binding, primitive_columns
 from primitives.data.experiments import ExperimentSpec, find_experiments
 from primitives.deployment import DeploymentResolver
@@ -214,10 +214,7 @@ def trajectories(
     deps = [resolver.resolve_experiment(s) for s in specs]
     seeds = range(seed, seed + max(1, load_draws))
     tasks = [(s, d, m, names, k, scatter) for s, d, m in zip(specs, deps, models, strict=True) for k in seeds]
-    if jobs > 1 and len(tasks) > 1:
-        done = Parallel(n_jobs=jobs, backend="loky")(delayed(record_trajectory)(*t) for t in tasks)
-    else:
-        done = [record_trajectory(*t) for t in tasks]
+    done = parallel_map(record_trajectory, tasks, jobs)
     n = len(seeds)
     return [mean_of_draws(done[i : i + n]) for i in range(0, len(done), n)]
 

@@ -48,6 +48,14 @@ def default_jobs() -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
+def parallel_map(fn, tasks: list[tuple], jobs: int) -> list:
+    """``fn(*task)`` of every task, in order: in loky worker processes when there is more
+    than one job and one task, else in this process (no pool to start for one run)."""
+    if jobs > 1 and len(tasks) > 1:
+        return Parallel(n_jobs=jobs, backend="loky")(delayed(fn)(*t) for t in tasks)
+    return [fn(*t) for t in tasks]
+
+
 def failure_fraction(metrics) -> float | None:
     """Failed requests over all requests of lifecycle metrics (None without any request)."""
     if metrics is None:
@@ -193,10 +201,7 @@ def closed_loop_runs(
     runs = [(s, resolver.resolve_experiment(s), e, o) for s, e, o in runs]
     tasks = [(*run, s, tails, scatter) for run in runs for s in seeds]
     jobs = jobs or default_jobs()
-    if jobs > 1 and len(tasks) > 1:
-        outcomes = Parallel(n_jobs=jobs, backend="loky")(delayed(simulate_outcome)(*t) for t in tasks)
-    else:
-        outcomes = [simulate_outcome(*t) for t in tasks]
+    outcomes = parallel_map(simulate_outcome, tasks, jobs)
     n = len(seeds)
     return [outcome_item(run[0], run[1], outcomes[i * n : (i + 1) * n], seeds) for i, run in enumerate(runs)]
 
