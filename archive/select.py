@@ -30,7 +30,14 @@ The rule (``recommend``), in the order it is applied:
 4. **Accuracy gate.** Only entries with error <= 1.25 x the lowest error on the front
    are eligible (PySR uses 1.5; a model to ship should give away little accuracy): a big
    relative gain at a crude model does not win.
-5. **Choice.** The eligible entry with the highest score; ties (scores equal to
+5. **Transfer gate.** An entry whose constants run away when refitted without a
+   workload, a model or the high-rate stages (``transfer_error_worst`` at the cap:
+   some held-out experiment 100% or more off, ``evolve.validation.transfer_errors``) is
+   not eligible, unless every eligible entry runs away somewhere. The combined error
+   uses the mean held-out error, so that one runaway does not sink every candidate; this
+   gate keeps such a model from being shipped when a stable one is within the accuracy
+   gate.
+6. **Choice.** The eligible entry with the highest score; ties (scores equal to
    1e-9 relative) go to lower complexity, then to the smaller id, so the choice is
    deterministic.
 """
@@ -48,6 +55,8 @@ from archive.entry import ArchiveEntry
 # the entries checked in the closed loop carry it)
 ERROR_OBJECTIVES = ("step_mape", "e2e_error", "ttft_error", "itl_error", "failure_error", "transfer_error")
 ACCURACY_GATE = 1.25  # eligible: error <= ACCURACY_GATE * lowest error on the front
+# transfer_error_worst at fitness.transfer.TRANSFER_ERROR_CAP (each held-out error is capped there)
+RUNAWAY_TRANSFER_ERROR = 1.0
 _ERROR_FLOOR = 1e-12
 _SCORE_TIE = 1e-9  # relative
 
@@ -60,6 +69,7 @@ class Ranked:
     error: float  # combined (worst-case) error
     score: float  # drop in log error per unit of log complexity
     eligible: bool  # within the accuracy gate
+    runaway: bool = False  # a transfer refit ran away (step 5)
 
 
 def _key_for(entry: ArchiveEntry, k: str) -> str | None:
@@ -95,7 +105,7 @@ def closed_loop_first(entries: list[ArchiveEntry]) -> list[ArchiveEntry]:
 
 
 def rank(entries: list[ArchiveEntry]) -> list[Ranked]:
-    """Steps 0-4 of the rule: the two-objective front by complexity, with scores."""
+    """Steps 0-5 of the rule: the two-objective front by complexity, with scores and gates."""
     entries = closed_loop_first(list(entries))
     keys = error_keys(list(entries))
     if not keys:
@@ -125,7 +135,8 @@ def rank(entries: list[ArchiveEntry]) -> list[Ranked]:
             score = -(math.log(max(err, _ERROR_FLOOR)) - math.log(max(perr, _ERROR_FLOOR))) / (
                 math.log(cx) - math.log(pcx)
             )
-        out.append(Ranked(entry=e, error=err, score=score, eligible=err <= ACCURACY_GATE * lowest))
+        runaway = e.objectives.get("transfer_error_worst", 0.0) >= RUNAWAY_TRANSFER_ERROR
+        out.append(Ranked(entry=e, error=err, score=score, eligible=err <= ACCURACY_GATE * lowest, runaway=runaway))
     return out
 
 
@@ -137,6 +148,7 @@ def recommend(entries: list[ArchiveEntry]) -> ArchiveEntry:
     ranked = [r for r in rank(list(entries)) if r.eligible]
     if not ranked:
         raise ValueError("no entry with a finite error on the objectives all entries share")
+    ranked = [r for r in ranked if not r.runaway] or ranked
     top = max(r.score for r in ranked)
     # scores equal up to rounding count as tied, so the tie-break is not left to float noise
     tied = [r for r in ranked if r.score >= top - _SCORE_TIE * max(1.0, abs(top))]

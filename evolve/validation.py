@@ -358,7 +358,9 @@ def transfer_errors(
     1.5, each capped at 100% (``fitness.transfer.experiment_error``). The cap keeps one
     held-out experiment that the refit drives into overload (Llama-2-7B, the only TP1
     model with full multi-head attention, at 20 req/s) from hiding how the rest transfer.
-    A fold that cannot be refitted scores the cap on every item.
+    A fold that cannot be refitted scores the cap on every item. ``transfer_error_worst``
+    is the largest of those capped errors: at the cap, some refit ran away, and model
+    selection's transfer gate (``archive.select``) passes over the entry.
     """
     _, terms, _ = split_terms(parse_infix(expression))
     worst = dict.fromkeys(REPLAY_METRICS, 0.0)
@@ -388,6 +390,7 @@ def transfer_errors(
     out = {f"transfer_{m}_error_max": float(v) for m, v in worst.items()}
     if capped:
         out["transfer_error"] = float(np.mean(capped))
+        out["transfer_error_worst"] = float(np.max(capped))  # at the cap: some refit ran away
     return out
 
 

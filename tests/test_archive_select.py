@@ -111,3 +111,24 @@ def test_closed_loop_checked_entries_outrank_teacher_forced_ones():
     ]
     assert [r.entry.id for r in rank(front)] == ["cl_a", "cl_b"]
     assert recommend(front).id == "cl_b"
+
+
+def test_a_model_whose_transfer_refit_runs_away_is_passed_over_for_a_stable_one():
+    # run at the end of a search (seed 0 of a lab tree): the simpler entry makes the biggest
+    # drop in error, but refitted without one model its held-out runs go into overload
+    front = [
+        e("crude", 11, step_mape=0.05, e2e_error=0.34, transfer_error=0.15, transfer_error_worst=0.75),
+        e("runaway", 17, step_mape=0.05, e2e_error=0.117, transfer_error=0.106, transfer_error_worst=1.0),
+        e("stable", 21, step_mape=0.04, e2e_error=0.099, transfer_error=0.063, transfer_error_worst=0.26),
+    ]
+    scores = {r.entry.id: r.score for r in rank(front)}
+    assert scores["runaway"] > scores["stable"]  # the gate, not the score, decides
+    assert [r.runaway for r in rank(front)] == [False, True, False]
+    assert recommend(front).id == "stable"
+    # every eligible entry runs away somewhere: the gate has nothing to prefer, the score decides
+    front[2].objectives["transfer_error_worst"] = 1.0
+    assert recommend(front).id == "runaway"
+    # archives from before the gate carry no transfer_error_worst: nothing is gated
+    for x in front:
+        del x.objectives["transfer_error_worst"]
+    assert recommend(front).id == "runaway"

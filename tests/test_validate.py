@@ -352,8 +352,14 @@ def test_transfer_errors_refit_every_check_and_cap_runaways(tmp_path, monkeypatc
     calls = spy_on_refits(monkeypatch)
     got = ev.transfer_errors(EXPR, rows, scored, resolver, 0, 1, (1.0, 4.0))
     assert len(calls) == 2 + 1 + 2  # two workloads, the high-rate stages, two models
-    assert set(got) == {"transfer_e2e_error_max", "transfer_ttft_error_max", "transfer_itl_error_max", "transfer_error"}
-    assert 0 < got["transfer_error"] <= got["transfer_e2e_error_max"] < ev.TRANSFER_ERROR_CAP
+    assert set(got) == {
+        "transfer_e2e_error_max",
+        "transfer_ttft_error_max",
+        "transfer_itl_error_max",
+        "transfer_error",
+        "transfer_error_worst",
+    }
+    assert 0 < got["transfer_error"] <= got["transfer_error_worst"] < ev.TRANSFER_ERROR_CAP
     # the law that made the observations is in the expression's span: refits without a workload
     # or a stage transfer (without a model, one deployment is left to pin three constants)
     monkeypatch.setattr(ev, "TRANSFER_MODES", ("lowo", "stage-transfer"))
@@ -364,7 +370,7 @@ def test_transfer_errors_refit_every_check_and_cap_runaways(tmp_path, monkeypatc
     monkeypatch.setattr(ev, "closed_loop_items", _with_errors(ev.closed_loop_items, 50.0, 900.0, 2.0))
     bad = ev.transfer_errors(EXPR, rows, scored, resolver, 0, 1, (1.0, 4.0))
     assert bad["transfer_e2e_error_max"] == 50.0 and bad["transfer_ttft_error_max"] == 900.0
-    assert bad["transfer_error"] == ev.TRANSFER_ERROR_CAP
+    assert bad["transfer_error"] == bad["transfer_error_worst"] == ev.TRANSFER_ERROR_CAP
 
 
 def _with_errors(closed_loop_items, e2e: float, ttft: float, itl: float):
@@ -394,7 +400,7 @@ def test_ttft_counts_at_its_looser_tolerance_in_the_transfer_error(tmp_path, mon
     )
     monkeypatch.setattr(ev, "closed_loop_items", _with_errors(ev.closed_loop_items, 0.02, -0.30, 0.01))
     got = ev.transfer_errors(EXPR, rows, scored_experiments(tmp_path), resolver, 0, 1, (1.0, 4.0))
-    assert got["transfer_error"] == pytest.approx(0.30 / 1.5)
+    assert got["transfer_error"] == got["transfer_error_worst"] == pytest.approx(0.30 / 1.5)
     assert got["transfer_ttft_error_max"] == pytest.approx(0.30)
 
 
