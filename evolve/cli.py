@@ -249,13 +249,16 @@ def cmd_archive_show(args: argparse.Namespace) -> int:
 def cmd_score(args: argparse.Namespace) -> int:
     for path in args.data:
         _must_exist(path, "--data")
+    if args.experiments:
+        _must_exist(args.experiments, "--experiments", "dir")
     _check_writable_file(args.json, "--json")
     entry = _get_entry(args.run_dir, args.id)
     resolver = _resolver(args)
-    from evolve.report import rows_table
-    from fitness.scoring import score_entry
+    from evolve.report import batch_bias_table, rows_table
+    from fitness.step_errors import score_entry
 
-    rows = list(score_entry(entry, [str(p) for p in args.data], resolver))
+    seed = entry.run_config.get("seed", 0)  # the run's KV sharing was measured on its seed's workload
+    rows = list(score_entry(entry, [str(p) for p in args.data], resolver, args.experiments, seed))
     result: dict[str, Any] = {
         "id": entry.id,
         "expression": entry.expression,
@@ -269,9 +272,15 @@ def cmd_score(args: argparse.Namespace) -> int:
     if args.json:
         _write_json(args.json, result)
     console = _console()
-    console.print(rows_table(rows, title=f"Per-step error of {entry.id}"))
+    console.print(
+        rows_table(
+            [{k: v for k, v in r.items() if k != "by_batch_size"} for r in rows], title=f"Per-step error of {entry.id}"
+        )
+    )
     if "overall_mape" in result:
         console.print(f"overall MAPE (step-weighted): {fmt_cell('mape', result['overall_mape'])}", markup=False)
+    if any(r.get("by_batch_size") for r in rows):
+        console.print(batch_bias_table(rows))
     return 0
 
 

@@ -141,6 +141,12 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument(
         "--data", nargs="+", action="extend", required=True, metavar="PATH", help="step trace files or folders"
     )
+    p.add_argument(
+        "--experiments",
+        metavar="DIR",
+        help="count the KV of block-counted traces per request, as run --experiments does (KV sharing"
+        " measured on these experiments' workloads), so the figures match the run's",
+    )
 
     p = _entry_command(sub, "validate", "replay experiments end to end with an entry", handlers["validate"])
     p.add_argument("--experiments", required=True, metavar="DIR")

@@ -214,6 +214,23 @@ def rows_table(rows: list[dict], title: str | None = None):
     return table
 
 
+def batch_bias_table(rows: list[dict]):
+    """``score``'s signed error by batch size: one row per experiment and quantile of the
+    requests per step (``fitness.step_errors.error_by_quantile``)."""
+    from rich.table import Table
+
+    table = Table(title="Signed step error by batch size (quantiles of the steps)")
+    table.add_column("experiment", overflow="fold")
+    for c in ("requests", "steps", "bias", "MAPE"):
+        table.add_column(c, justify="right")
+    for r in rows:
+        for i, b in enumerate(r.get("by_batch_size") or []):
+            span = f"{b['from']:g}" if b["from"] == b["to"] else f"{b['from']:g}-{b['to']:g}"
+            bias = f"{b['bias'] * 100:+.1f}%"
+            table.add_row(r["experiment"] if i == 0 else "", span, str(b["n"]), bias, fmt_cell("mape", b["mape"]))
+    return table
+
+
 # -- one entry in detail (archive show) -------------------------------------------------
 def sympy_form(entry: ArchiveEntry) -> tuple[Any, str]:
     """The entry's simplified form as (sympy expression or None, text to show).

@@ -150,26 +150,40 @@ def test_run_interrupted_is_one_line_130(project: Path, monkeypatch, capsys):
 def test_score_writes_json_and_table(project: Path, monkeypatch, capsys):
     calls = []
 
-    def score_entry(entry, data_paths, resolver):
-        calls.append((entry.id, data_paths, type(resolver).__name__))
+    def score_entry(entry, data_paths, resolver, experiments_dir, seed):
+        calls.append((entry.id, data_paths, type(resolver).__name__, experiments_dir, seed))
+        bins = [
+            {"from": 1.0, "to": 30.0, "n": 50, "bias": -0.04, "mape": 0.09},
+            {"from": 31.0, "to": 128.0, "n": 50, "bias": 0.061, "mape": 0.11},
+        ]
         return [
-            {"experiment": "llama-2-70b-tp4", "n": 100, "mape": 0.10, "median_ape": 0.08},
+            {"experiment": "llama-2-70b-tp4", "n": 100, "mape": 0.10, "median_ape": 0.08, "by_batch_size": bins},
             {"experiment": "codellama-34b-tp2", "n": 300, "mape": 0.20, "median_ape": 0.15},
         ]
 
-    fake_module(monkeypatch, "fitness.scoring", score_entry=score_entry)
+    fake_module(monkeypatch, "fitness.step_errors", score_entry=score_entry)
     (project / "d").mkdir()
     assert main(["score", ENTRY.id[:5], "--data", "d", "--json", "out.json"]) == 0
-    assert calls == [(ENTRY.id, ["d"], "DeploymentResolver")]
+    assert calls == [(ENTRY.id, ["d"], "DeploymentResolver", None, 0)]
     result = json.loads((project / "out.json").read_text())
     assert result["id"] == ENTRY.id and len(result["experiments"]) == 2
     assert result["overall_mape"] == pytest.approx((0.1 * 100 + 0.2 * 300) / 400)
+    assert result["experiments"][0]["by_batch_size"][1]["bias"] == 0.061
     out = capsys.readouterr().out
     assert "llama-2-70b-tp4" in out and "10.00%" in out
+    # the signed error by batch size is a table of its own, not a column of the first
+    assert "by_batch_size" not in out and "Signed step error by batch size" in out
+    assert "31-128" in out and "+6.1%" in out and "-4.0%" in out
+    # --experiments: KV counted per request as the run counts it
+    (project / "exps").mkdir()
+    assert main(["score", ENTRY.id, "--data", "d", "--experiments", "exps"]) == 0
+    assert calls[-1][3] == "exps"
+    assert main(["score", ENTRY.id, "--data", "d", "--experiments", "no-such"]) == 2
+    assert "--experiments" in one_error_line(capsys)
 
 
 def test_unwritable_json_fails_before_work(project: Path, monkeypatch, capsys):
-    fake_module(monkeypatch, "fitness.scoring", score_entry=lambda *a: pytest.fail("must not score"))
+    fake_module(monkeypatch, "fitness.step_errors", score_entry=lambda *a: pytest.fail("must not score"))
     (project / "d").mkdir()
     assert main(["score", ENTRY.id, "--data", "d", "--json", "no/such/dir/out.json"]) == 2
     assert "--json" in one_error_line(capsys)
