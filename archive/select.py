@@ -27,16 +27,17 @@ The rule (``recommend``), in the order it is applied:
    dividing by the log step makes the score independent of how complexity is counted
    — a step from 5 to 10 nodes costs as much as one from 20 to 40.) Errors are
    floored at 1e-12 and complexities at 1 so the logs stay finite.
-4. **Accuracy gate.** Only entries with error <= 1.25 x the lowest error on the front
-   are eligible (PySR uses 1.5; a model to ship should give away little accuracy): a big
-   relative gain at a crude model does not win.
+4. **Accuracy gate.** Only entries with error <= 1.25 x the lowest error of any
+   candidate (runaways of step 5 included) are eligible (PySR uses 1.5; a model to ship
+   should give away little accuracy): a big relative gain at a crude model does not win.
 5. **Transfer gate.** An entry whose constants run away when refitted without a
    workload, a model or the high-rate stages (``transfer_error_worst`` at the cap:
-   some held-out experiment 100% or more off, ``evolve.validation.transfer_errors``) is
-   not eligible, unless every eligible entry runs away somewhere. The combined error
-   uses the mean held-out error, so that one runaway does not sink every candidate; this
-   gate keeps such a model from being shipped when a stable one is within the accuracy
-   gate.
+   some held-out experiment 100% or more off, ``evolve.validation.transfer_errors``)
+   takes no part in steps 2-4 when a stable entry is within the accuracy gate (``rank``
+   says how). The combined error uses the mean held-out error, so that one runaway does
+   not sink every candidate; this gate keeps such a model from being shipped when a
+   stable one is nearly as accurate. Entries without the figure (old archives, runs
+   without experiments) are not gated.
 6. **Choice.** The eligible entry with the highest score; ties (scores equal to
    1e-9 relative) go to lower complexity, then to the smaller id, so the choice is
    deterministic.
@@ -104,8 +105,35 @@ def closed_loop_first(entries: list[ArchiveEntry]) -> list[ArchiveEntry]:
     return checked or list(entries)
 
 
+def _runaway(entry: ArchiveEntry) -> bool:
+    """Step 5: whether a transfer refit of the entry ran away (its worst held-out error at the cap)."""
+    try:
+        return float(entry.objectives["transfer_error_worst"]) >= RUNAWAY_TRANSFER_ERROR
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def _front(candidates: list[tuple[int, float, str, ArchiveEntry]]) -> list[tuple[int, float, str, ArchiveEntry]]:
+    """Step 2: by complexity, the entries whose error is strictly lower than every simpler one's."""
+    front: list[tuple[int, float, str, ArchiveEntry]] = []
+    for c in sorted(candidates, key=lambda c: (c[0], c[1], c[2])):
+        if front and c[0] == front[-1][0]:
+            continue  # same complexity: the first (lowest error, then id) wins
+        if front and c[1] >= front[-1][1]:
+            continue  # not better than a simpler model
+        front.append(c)
+    return front
+
+
 def rank(entries: list[ArchiveEntry]) -> list[Ranked]:
-    """Steps 0-5 of the rule: the two-objective front by complexity, with scores and gates."""
+    """Steps 0-5 of the rule: the two-objective front by complexity, with scores and gates.
+
+    The transfer gate (step 5) acts before the front is built, so that a runaway entry
+    cannot shadow a slightly less accurate stable one: when every entry carries
+    ``transfer_error_worst`` and some stable entry is within the accuracy gate, the front
+    is built from the stable entries alone. Otherwise every entry takes part (runaways
+    flagged), so that the gate never ships a crude model and old archives rank as before.
+    """
     entries = closed_loop_first(list(entries))
     keys = error_keys(list(entries))
     if not keys:
@@ -115,17 +143,14 @@ def rank(entries: list[ArchiveEntry]) -> list[Ranked]:
         err = combined_error(e, keys)
         if math.isfinite(err):
             candidates.append((max(int(e.complexity), 1), err, e.id, e))
-    candidates.sort(key=lambda c: (c[0], c[1], c[2]))
-    front: list[tuple[int, float, str, ArchiveEntry]] = []
-    for c in candidates:
-        if front and c[0] == front[-1][0]:
-            continue  # same complexity: the first (lowest error, then id) wins
-        if front and c[1] >= front[-1][1]:
-            continue  # not better than a simpler model
-        front.append(c)
-    if not front:
+    if not candidates:
         return []
-    lowest = min(c[1] for c in front)
+    lowest = min(c[1] for c in candidates)  # the accuracy gate's reference (step 4), runaways included
+    if all("transfer_error_worst" in c[3].objectives for c in candidates):
+        stable = [c for c in candidates if not _runaway(c[3])]
+        if any(c[1] <= ACCURACY_GATE * lowest for c in stable):
+            candidates = stable
+    front = _front(candidates)
     out = []
     for i, (cx, err, _, e) in enumerate(front):
         if i == 0:
@@ -135,8 +160,8 @@ def rank(entries: list[ArchiveEntry]) -> list[Ranked]:
             score = -(math.log(max(err, _ERROR_FLOOR)) - math.log(max(perr, _ERROR_FLOOR))) / (
                 math.log(cx) - math.log(pcx)
             )
-        runaway = e.objectives.get("transfer_error_worst", 0.0) >= RUNAWAY_TRANSFER_ERROR
-        out.append(Ranked(entry=e, error=err, score=score, eligible=err <= ACCURACY_GATE * lowest, runaway=runaway))
+        eligible = err <= ACCURACY_GATE * lowest
+        out.append(Ranked(entry=e, error=err, score=score, eligible=eligible, runaway=_runaway(e)))
     return out
 
 
@@ -148,7 +173,6 @@ def recommend(entries: list[ArchiveEntry]) -> ArchiveEntry:
     ranked = [r for r in rank(list(entries)) if r.eligible]
     if not ranked:
         raise ValueError("no entry with a finite error on the objectives all entries share")
-    ranked = [r for r in ranked if not r.runaway] or ranked
     top = max(r.score for r in ranked)
     # scores equal up to rounding count as tied, so the tie-break is not left to float noise
     tied = [r for r in ranked if r.score >= top - _SCORE_TIE * max(1.0, abs(top))]

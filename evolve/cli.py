@@ -272,16 +272,25 @@ def cmd_score(args: argparse.Namespace) -> int:
     if args.json:
         _write_json(args.json, result)
     console = _console()
-    console.print(
-        rows_table(
-            [{k: v for k, v in r.items() if k != "by_batch_size"} for r in rows], title=f"Per-step error of {entry.id}"
-        )
-    )
+    shown = [{k: v for k, v in r.items() if k not in ("by_batch_size", "kv_sharing")} for r in rows]
+    console.print(rows_table(shown, title=f"Per-step error of {entry.id}"))
     if "overall_mape" in result:
         console.print(f"overall MAPE (step-weighted): {fmt_cell('mape', result['overall_mape'])}", markup=False)
+    console.print(_kv_count_line(rows, args.experiments, seed), markup=False, highlight=False)
     if any(r.get("by_batch_size") for r in rows):
         console.print(batch_bias_table(rows))
     return 0
+
+
+def _kv_count_line(rows: list[dict], experiments: str | None, seed: int) -> str:
+    """How score counted the traces' KV: the sharing factors it applied, or why none."""
+    factors = {r["experiment"]: r["kv_sharing"] for r in rows if r.get("kv_sharing") is not None}
+    if factors:
+        listed = "".join(f"\n  {name}  x{f:.3f}" for name, f in factors.items())
+        return f"KV per request, as the run counts it (sharing measured with seed {seed}):{listed}"
+    if experiments:
+        return f"KV as the traces count it: no block-counted trace has an experiment under {experiments}"
+    return "KV as the traces count it (per block); --experiments DIR counts it per request"
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

@@ -145,7 +145,7 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
         "--experiments",
         metavar="DIR",
         help="count the KV of block-counted traces per request, as run --experiments does (KV sharing"
-        " measured on these experiments' workloads), so the figures match the run's",
+        " measured on these experiments' workloads): the run's figures, if it ran with the same DIR",
     )
 
     p = _entry_command(sub, "validate", "replay experiments end to end with an entry", handlers["validate"])

@@ -24,13 +24,26 @@ BATCH_QUANTILES = 5
 
 
 def error_by_quantile(x: np.ndarray, pred: np.ndarray, obs: np.ndarray, k: int = BATCH_QUANTILES) -> list[dict]:
-    """Rows of ``x``'s quantile bins (equal counts where ``x`` has that many distinct values):
-    the bin's range of ``x``, its rows, the signed bias mean(pred / obs - 1) and the MAPE."""
+    """Rows of ``x``'s quantile bins: each bin's range of ``x``, its rows, the signed bias
+    mean(pred / obs - 1) and the MAPE.
+
+    The bins cut the rows sorted by ``x`` near every k-th share of them, but only where
+    ``x`` changes: rows of equal ``x`` (a trace's many steps at the 128-request cap) share
+    a bin, so a bin's range never overlaps the next, and there are fewer than ``k`` bins
+    where ``x`` has few distinct values.
+    """
     order = np.argsort(x, kind="stable")
+    xs = x[order]
+    changes = np.flatnonzero(xs[1:] != xs[:-1]) + 1  # positions where the sorted x steps up
+    cuts: list[int] = []
+    if len(changes):
+        for i in range(1, k):
+            target = i * len(xs) / k
+            cut = int(changes[np.argmin(np.abs(changes - target))])
+            if cut not in cuts:
+                cuts.append(cut)
     out = []
-    for part in np.array_split(order, min(k, len(order))):
-        if len(part) == 0:
-            continue
+    for part in np.split(order, sorted(cuts)):
         ratio = pred[part] / obs[part] - 1.0
         out.append(
             {
@@ -51,7 +64,8 @@ def score_entry(entry, data_paths: list, resolver, experiments_dir=None, seed: i
     (fractions), over every target row of the given traces, and ``by_batch_size``
     (``error_by_quantile`` of the requests per step) where the traces count requests.
     With ``experiments_dir``, block-counted KV is scaled to the per-request sum as the
-    search does (``fitness.kv_sharing``; the workload simulated with ``seed``).
+    search does (``fitness.kv_sharing``; the workload simulated with ``seed``); each row's
+    ``kv_sharing`` is the factor applied, None where none was.
     """
     data = load_steps([Path(p) for p in data_paths])
     expr = parse_infix(entry.expression)
@@ -76,6 +90,7 @@ def score_entry(entry, data_paths: list, resolver, experiments_dir=None, seed: i
             "n": int(rows.sum()),
             "mape": float(ape[rows].mean()),
             "median_ape": float(np.median(ape[rows])),
+            "kv_sharing": (sharing or {}).get(name),  # the factor its block-counted KV was scaled by
         }
         if by_batch:
             row["by_batch_size"] = error_by_quantile(table.columns["batch_size"][rows], pred[rows], obs[rows])

@@ -156,9 +156,17 @@ def test_score_writes_json_and_table(project: Path, monkeypatch, capsys):
             {"from": 1.0, "to": 30.0, "n": 50, "bias": -0.04, "mape": 0.09},
             {"from": 31.0, "to": 128.0, "n": 50, "bias": 0.061, "mape": 0.11},
         ]
+        factor = 1.16 if experiments_dir else None
         return [
-            {"experiment": "llama-2-70b-tp4", "n": 100, "mape": 0.10, "median_ape": 0.08, "by_batch_size": bins},
-            {"experiment": "codellama-34b-tp2", "n": 300, "mape": 0.20, "median_ape": 0.15},
+            {
+                "experiment": "llama-2-70b-tp4",
+                "n": 100,
+                "mape": 0.10,
+                "median_ape": 0.08,
+                "by_batch_size": bins,
+                "kv_sharing": factor,
+            },
+            {"experiment": "codellama-34b-tp2", "n": 300, "mape": 0.20, "median_ape": 0.15, "kv_sharing": None},
         ]
 
     fake_module(monkeypatch, "fitness.step_errors", score_entry=score_entry)
@@ -174,10 +182,18 @@ def test_score_writes_json_and_table(project: Path, monkeypatch, capsys):
     # the signed error by batch size is a table of its own, not a column of the first
     assert "by_batch_size" not in out and "Signed step error by batch size" in out
     assert "31-128" in out and "+6.1%" in out and "-4.0%" in out
-    # --experiments: KV counted per request as the run counts it
+    assert "KV as the traces count it" in out and "kv_sharing" not in out
+    # --experiments: KV counted per request as the run counts it, with the run's seed, and said so
     (project / "exps").mkdir()
-    assert main(["score", ENTRY.id, "--data", "d", "--experiments", "exps"]) == 0
-    assert calls[-1][3] == "exps"
+    run3 = project / "runs" / "r3"
+    with ArchiveStore(RunDir(run3).archive) as store:
+        store.start_run("r3", {"seed": 3}, 3, "fp")
+        store.record_generation("r3", 1, [ENTRY], [ENTRY], {})
+    capsys.readouterr()
+    assert main(["score", ENTRY.id, "--data", "d", "--experiments", "exps", "--run-dir", str(run3)]) == 0
+    assert calls[-1][3:] == ("exps", 3)
+    out = capsys.readouterr().out
+    assert "KV per request" in out and "seed 3" in out and "llama-2-70b-tp4  x1.160" in out
     assert main(["score", ENTRY.id, "--data", "d", "--experiments", "no-such"]) == 2
     assert "--experiments" in one_error_line(capsys)
 
