@@ -113,37 +113,32 @@ def test_closed_loop_checked_entries_outrank_teacher_forced_ones():
     assert recommend(front).id == "cl_b"
 
 
-def test_a_model_whose_transfer_refit_runs_away_is_passed_over_for_a_stable_one():
-    # as at the end of a search (seed 0 of a lab tree): the simpler entry makes the biggest
-    # drop in error, but refitted without one model its held-out runs go into overload
-    front = [
+def lab_front(third: str, third_e2e: float, third_worst: float, runaway_e2e: float = 0.117) -> list[ArchiveEntry]:
+    """As at the end of a search (seed 0 of a lab tree): a crude stable model, a runaway one
+    (refitted without one model its held-out runs go into overload) and a third."""
+    return [
         e("crude", 11, step_mape=0.05, e2e_error=0.34, transfer_error=0.15, transfer_error_worst=0.75),
-        e("runaway", 17, step_mape=0.05, e2e_error=0.117, transfer_error=0.106, transfer_error_worst=1.0),
-        e("stable", 21, step_mape=0.04, e2e_error=0.099, transfer_error=0.063, transfer_error_worst=0.26),
+        e("runaway", 17, step_mape=0.05, e2e_error=runaway_e2e, transfer_error=0.1, transfer_error_worst=1.0),
+        e(third, 21, step_mape=0.04, e2e_error=third_e2e, transfer_error=0.063, transfer_error_worst=third_worst),
     ]
+
+
+def test_a_model_whose_transfer_refit_runs_away_is_passed_over_for_a_stable_one():
+    front = lab_front("stable", 0.099, 0.26)  # the runaway makes the bigger drop in error
     assert [r.entry.id for r in rank(front)] == ["crude", "stable"]
     assert recommend(front).id == "stable"
 
 
 def test_a_runaway_does_not_shadow_a_slightly_less_accurate_stable_model():
     # without the gate, "stable" never reaches the front: a simpler entry has a lower error
-    front = [
-        e("crude", 11, step_mape=0.05, e2e_error=0.34, transfer_error=0.15, transfer_error_worst=0.75),
-        e("runaway", 17, step_mape=0.05, e2e_error=0.100, transfer_error=0.10, transfer_error_worst=1.0),
-        e("stable", 21, step_mape=0.05, e2e_error=0.105, transfer_error=0.06, transfer_error_worst=0.26),
-    ]
-    ranked = rank(front)
+    ranked = rank(lab_front("stable", 0.105, 0.26, runaway_e2e=0.100))
     assert [r.entry.id for r in ranked] == ["crude", "stable"]
     assert [r.eligible for r in ranked] == [False, True]  # 0.105 <= 1.25 x the runaway's 0.100
-    assert recommend(front).id == "stable"
+    assert recommend(lab_front("stable", 0.105, 0.26, runaway_e2e=0.100)).id == "stable"
 
 
 def test_the_gate_never_ships_a_crude_model_and_leaves_old_archives_alone():
-    front = [
-        e("crude", 11, step_mape=0.05, e2e_error=0.34, transfer_error=0.15, transfer_error_worst=0.75),
-        e("runaway", 17, step_mape=0.05, e2e_error=0.117, transfer_error=0.106, transfer_error_worst=1.0),
-        e("runaway2", 21, step_mape=0.04, e2e_error=0.099, transfer_error=0.063, transfer_error_worst=1.0),
-    ]
+    front = lab_front("runaway2", 0.099, 1.0)
     # every model within the accuracy gate runs away somewhere: the gate has nothing to
     # offer but a crude model, so every entry takes part and the score decides (flagged)
     ranked = rank(front)
