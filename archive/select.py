@@ -55,7 +55,7 @@ from archive.entry import ArchiveEntry
 # workload, a model or the high-rate stages (``evolve.validation.transfer_errors``; only
 # the entries checked in the closed loop carry it)
 ERROR_OBJECTIVES = ("step_mape", "e2e_error", "ttft_error", "itl_error", "failure_error", "transfer_error")
-ACCURACY_GATE = 1.25  # eligible: error <= ACCURACY_GATE * lowest error on the front
+ACCURACY_GATE = 1.25  # eligible: error <= ACCURACY_GATE * lowest error of any candidate
 # transfer_error_worst at fitness.transfer.TRANSFER_ERROR_CAP (each held-out error is capped there)
 RUNAWAY_TRANSFER_ERROR = 1.0
 _ERROR_FLOOR = 1e-12

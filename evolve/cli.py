@@ -257,7 +257,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from evolve.report import batch_bias_table, rows_table
     from fitness.step_errors import score_entry
 
-    seed = entry.run_config.get("seed", 0)  # the run's KV sharing was measured on its seed's workload
+    seed = int((entry.run_config or {}).get("seed") or 0)  # the run measured KV sharing on its seed's workload
     rows = list(score_entry(entry, [str(p) for p in args.data], resolver, args.experiments, seed))
     result: dict[str, Any] = {
         "id": entry.id,
