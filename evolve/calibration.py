@@ -44,7 +44,7 @@ from fitness.sim.loadgen import NoSuccessfulRequest, require_success
 from fitness.sim.models import AnchoredModel, ExpressionLatencyModel, reference_model
 from fitness.sim.replay import OVERHEAD_NAMES, metric_weights
 from fitness.step_scatter import recorded_scatter, step_scales
-from fitness.validate import parallel_map
+from fitness.validate import per_draw
 from primitives.compute import kernel_binding, primitive_columns
 from primitives.data.experiments import ExperimentSpec, find_experiments
 from primitives.deployment import DeploymentResolver
@@ -212,11 +212,9 @@ def trajectories(
     ``scatter``); with ``load_draws`` > 1, each experiment's rows are the mean over that many
     draws of its load (seeds ``seed``, ``seed + 1``, ...; ``fitness.replay_rows.mean_of_draws``)."""
     deps = [resolver.resolve_experiment(s) for s in specs]
-    seeds = range(seed, seed + max(1, load_draws))
-    tasks = [(s, d, m, names, k, scatter) for s, d, m in zip(specs, deps, models, strict=True) for k in seeds]
-    done = parallel_map(record_trajectory, tasks, jobs)
-    n = len(seeds)
-    return [mean_of_draws(done[i : i + n]) for i in range(0, len(done), n)]
+    runs = [(s, d, m, names) for s, d, m in zip(specs, deps, models, strict=True)]
+    _, draws = per_draw(record_trajectory, runs, seed, load_draws, jobs, scatter)
+    return [mean_of_draws(d) for d in draws]
 
 
 def record_rows(

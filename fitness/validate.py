@@ -56,6 +56,16 @@ def parallel_map(fn, tasks: list[tuple], jobs: int) -> list:
     return [fn(*t) for t in tasks]
 
 
+def per_draw(fn, runs: list[tuple], seed: int, load_draws: int, jobs: int, *after) -> tuple[list[int], list[list]]:
+    """``fn(*run, draw_seed, *after)`` for every run and each of its ``load_draws`` draws of
+    the load (seeds ``seed``, ``seed + 1``, ...), in parallel: the seeds, and per run its
+    results in seed order."""
+    seeds = list(range(seed, seed + max(1, load_draws)))
+    done = parallel_map(fn, [(*run, k, *after) for run in runs for k in seeds], jobs)
+    n = len(seeds)
+    return seeds, [done[i * n : (i + 1) * n] for i in range(len(runs))]
+
+
 def failure_fraction(metrics) -> float | None:
     """Failed requests over all requests of lifecycle metrics (None without any request)."""
     if metrics is None:
@@ -197,13 +207,9 @@ def closed_loop_runs(
     """:func:`outcome_item` of every (experiment, expression, overheads), simulated in parallel
     with ``load_draws`` draws of the load generator's randomness, arrival times and re-tokenised
     prompt lengths (seeds ``seed``, ``seed + 1``, ...), and with the steps' ``scatter`` if given."""
-    seeds = list(range(seed, seed + max(1, load_draws)))
     runs = [(s, resolver.resolve_experiment(s), e, o) for s, e, o in runs]
-    tasks = [(*run, s, tails, scatter) for run in runs for s in seeds]
-    jobs = jobs or default_jobs()
-    outcomes = parallel_map(simulate_outcome, tasks, jobs)
-    n = len(seeds)
-    return [outcome_item(run[0], run[1], outcomes[i * n : (i + 1) * n], seeds) for i, run in enumerate(runs)]
+    seeds, outcomes = per_draw(simulate_outcome, runs, seed, load_draws, jobs or default_jobs(), tails, scatter)
+    return [outcome_item(run[0], run[1], got, seeds) for run, got in zip(runs, outcomes, strict=True)]
 
 
 def summarise(items: list[dict]) -> dict:
