@@ -159,8 +159,8 @@ def record_trajectory(
             s2, m2 = min(near, key=lambda it: abs(np.log(it[0] / a.scale)))
         else:
             s2 = a.scale * (1 + GAIN_STEP)
-            m2 = simulate(spec, deployment, AnchoredModel(model, s2), seed=seed, record=False, step_scales=scales)
-            m2 = m2.metrics
+            nudged = AnchoredModel(model, s2)
+            m2 = simulate(spec, deployment, nudged, seed=seed, record=False, step_scales=scales).metrics
         gain = closed_loop_gain(labels, result.metrics, m2, s2 / a.scale, recorded_part_us)
         weights, fixed = linearise(weights, fixed, recorded_part_us, gain)
     probes = {k: v[probe_steps(feats, cols)] for k, v in cols.items()}
