@@ -1,19 +1,19 @@
-"""What the real step traces say beyond a fit: three checks, printed as tables.
+"""What the real step traces can and cannot say about prefill and a fresh server: two tables.
 
-1. **Which step's prefill a cycle time carries.** A trace's cycle time of step i is
-   ``ts_start[i+1] - ts_start[i]`` (``../shared/NOTES.md``). Least squares of it on step
-   i's decode tokens and on the prefill tokens of step i and i+1 (pairs of sampled steps),
-   and of step i-1 too (triples, about a tenth as many): µs per prefill token, ± one
-   standard error. The FLOP bound of a prefill token (2 × matmul parameters per GPU over
-   the peak) is beside it.
-2. **A fresh server's first seconds** (with ``--run-dir`` and ``--id``): the mean cycle time
-   of every step (sampled or not: from the sampled steps' ids and start times) in the
-   first seconds of each trace, over the archived model's mean step time for the sampled
-   steps of the same window, relative to the same ratio over 5-s windows after the first
-   minute. Windows of 2 s hold 5-10 sampled steps, so their features are noisy.
-3. **How stalls scale**: each step's cycle time over the median of its neighbours' in
-   (decode requests, prefill tokens, KV tokens) (``fitness.step_scatter``), as a ratio and
-   as the excess in ms.
+1. **Prefill in the traces.** Per experiment: the sampled steps, those that prefill at least
+   ``LARGE_PREFILL_TOKENS`` tokens, and those of them with a cycle time (the next step
+   sampled too: ``ts_start[i+1] - ts_start[i]``, ``../shared/NOTES.md``). For each of
+   those, its cycle time against the least time its own work needs: the larger of its
+   matmul FLOPs at the GPU's peak and one read of the weights a GPU holds. A cycle below
+   that floor is not that step's GPU time (under asynchronous scheduling it can be another
+   step's).
+2. **A fresh server's first seconds** (with ``--run-dir`` and ``--id``). Per 2-s window of
+   each trace's first seconds, the mean cycle time of every step, sampled or not (from the
+   sampled steps' ids and start times), over the archived model's mean step time for the
+   window's sampled steps; divided by the median of the same ratio over 5-s windows after
+   the first minute. A 2-s window holds 5-10 sampled steps, so its features are noisy:
+   the emulator's synthetic traces (``--data primitives/data/embedded``), which have no
+   warm-up, are the control.
 
 Usage::
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -36,14 +35,18 @@ from archive.rundir import RunDir  # noqa: E402
 from archive.store import ArchiveStore  # noqa: E402
 from fitness.dataset import build_step_table  # noqa: E402
 from fitness.kv_sharing import trace_kv_sharing  # noqa: E402
-from fitness.step_scatter import FEATURES, neighbour_ratios  # noqa: E402
 from primitives.data.roots import shared_data_root  # noqa: E402
 from primitives.data.traces import load_steps  # noqa: E402
 from primitives.deployment import default_resolver  # noqa: E402
+from primitives.errors import InputError  # noqa: E402
 from primitives.language import evaluate_expr, parse_infix  # noqa: E402
 
-STEADY_AFTER_S = 60.0
-WINDOWS_S = (0, 2, 4, 6, 8, 10, 12, 14)
+LARGE_PREFILL_TOKENS = 100
+STEADY_AFTER_S = 60.0  # the first seconds are compared with the windows after the first minute
+STEADY_WINDOW_S = 5.0
+WINDOW_S = 2.0
+WINDOW_STARTS_S = (0, 2, 4, 6, 8, 10, 12, 14)
+SPAN_S = 12.0  # the last column: every step of the first SPAN_S seconds
 
 
 def short(experiment: str) -> str:
@@ -54,117 +57,77 @@ def short(experiment: str) -> str:
     return name if len(name) <= 26 else "…" + name[-25:]
 
 
-def ols(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Coefficients and their standard errors; NaN where the rows cannot tell them (too few,
-    or a column that never varies, as a trace without prefill)."""
-    nan = np.full(X.shape[1], np.nan)
-    if len(y) <= X.shape[1] or np.linalg.matrix_rank(X) < X.shape[1]:
-        return nan, nan
-    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
-    resid = y - X @ coef
-    s2 = resid @ resid / (len(y) - X.shape[1])
-    return coef, np.sqrt(np.diag(s2 * np.linalg.inv(X.T @ X)))
+def step_floor_us(deployment, tokens: np.ndarray) -> np.ndarray:
+    """The least GPU time of a step of TOKENS tokens: its matmul FLOPs at peak, or one read
+    of the weights a GPU holds, whichever is longer (attention and the rest only add)."""
+    flops = 2 * deployment.model.active_matmul_params / deployment.tp * np.asarray(tokens, dtype=np.float64)
+    weights_us = deployment.weight_bytes_per_gpu / deployment.gpu.hbm_bytes_per_s * 1e6
+    return np.maximum(flops / deployment.gpu.dense_flops_per_s * 1e6, weights_us)
 
 
-def prefill_alignment(steps, resolver) -> list[str]:
-    """Check 1, one line per experiment."""
+def prefill_in_traces(steps, resolver) -> list[str]:
+    """Check 1: a line per experiment, then one per large-prefill step with a cycle time."""
     out = [
-        "µs per prefill token in a trace's cycle time of step i (± 1 s.e.)",
-        f"{'experiment':<26} {'pairs':>5} {'step i':>11} {'step i+1':>11} {'triples':>6} {'step i-1':>10} {'FLOP':>4}",
+        f"sampled steps that prefill {LARGE_PREFILL_TOKENS}+ tokens; cycle time of those with one",
+        f"{'experiment':<26} {'steps':>6} {'large':>6} {'timed':>6} {'prefill':>8} {'cycle ms':>8} {'floor ms':>8}",
     ]
     for name, g in steps.groupby("experiment", sort=True):
-        ids = g["step_id"].to_numpy()
-        ts = g["ts_start_us"].to_numpy(dtype=np.float64)
-        pre = g["prefill_tokens"].to_numpy(dtype=np.float64)
-        dec = g["decode_tokens"].to_numpy(dtype=np.float64)
-        row = {v: i for i, v in enumerate(ids)}
-        pairs = [(i, row[v + 1], row.get(v - 1)) for i, v in enumerate(ids) if v + 1 in row]
-        i, j = (np.array([p[k] for p in pairs]) for k in (0, 1))
-        cycle = ts[j] - ts[i]
-        c2, se2 = ols(np.column_stack([np.ones(len(i)), dec[i], pre[i], pre[j]]), cycle)
-        tri = [(a, b, c) for a, b, c in pairs if c is not None]
-        a, b, c = (np.array([t[k] for t in tri]) for k in (0, 1, 2))
-        c3, se3 = ols(np.column_stack([np.ones(len(a)), dec[a], pre[c], pre[a], pre[b]]), ts[b] - ts[a])
         first = g.iloc[0]
         dep = resolver.resolve(first["model"], int(first["tp"]), first["gpu"] or None)
-        flop_us = 2 * dep.model.active_matmul_params / dep.tp / dep.gpu.dense_flops_per_s * 1e6
-
-        def cell(v, s):
-            if not np.isfinite(v):
-                return f"{'-':>11}"
-            return f"{v:6.1f}±{s:<4.1f}" if abs(v) < 1000 and s < 100 else f"{v:6.0f}±{s:<4.0f}"
-
-        out.append(
-            f"{short(name):<26} {len(i):>5} {cell(c2[2], se2[2])} {cell(c2[3], se2[3])} {len(a):>6} "
-            f"{cell(c3[2], se3[2])}{flop_us:5.1f}"
-        )
+        large = g[g["prefill_tokens"] >= LARGE_PREFILL_TOKENS]
+        timed = large[np.isfinite(large["cycle_time_us"].to_numpy(dtype=np.float64))]
+        out.append(f"{short(name):<26} {len(g):>6} {len(large):>6} {len(timed):>6}")
+        floor_us = step_floor_us(dep, timed["prefill_tokens"] + timed["decode_tokens"])
+        for prefill, cycle_us, least_us in zip(timed["prefill_tokens"], timed["cycle_time_us"], floor_us, strict=True):
+            mark = " below" if cycle_us < least_us else ""
+            out.append(f"{'':<47} {prefill:>8.0f} {cycle_us / 1e3:>8.1f} {least_us / 1e3:>8.1f}{mark}")
     return out
 
 
-def window_cycle(ts_s, ids, busy, pred_us, lo: float, hi: float):
-    """(mean cycle µs over every step, mean model time of the sampled ones) in [LO, HI) s, or None."""
-    k = np.flatnonzero((ts_s >= lo) & (ts_s < hi))
-    if len(k) < 3 or not busy[k[:-1]].all():  # an idle engine between two samples is no cycle
+def window_cycle(start_s, step_id, busy, model_us, lo_s: float, hi_s: float):
+    """(mean cycle µs over every step, mean model time µs of the sampled ones) in [LO_S, HI_S),
+    or None with under 3 sampled steps or an idle engine between two of them."""
+    k = np.flatnonzero((start_s >= lo_s) & (start_s < hi_s))
+    if len(k) < 3 or not busy[k[:-1]].all():  # an empty engine idles: that is no cycle
         return None
-    return (ts_s[k[-1]] - ts_s[k[0]]) * 1e6 / (ids[k[-1]] - ids[k[0]]), pred_us[k[:-1]].mean()
+    cycle_us = (start_s[k[-1]] - start_s[k[0]]) * 1e6 / (step_id[k[-1]] - step_id[k[0]])
+    return cycle_us, model_us[k[:-1]].mean()  # the last sample's step lies outside the span
 
 
-def window_ratio(ts_s, ids, busy, pred_us, lo: float, hi: float) -> float | None:
-    """Measured over model mean cycle in [LO, HI) s (``window_cycle``), or None."""
-    w = window_cycle(ts_s, ids, busy, pred_us, lo, hi)
+def window_ratio(start_s, step_id, busy, model_us, lo_s: float, hi_s: float) -> float | None:
+    """Measured over model mean cycle in [LO_S, HI_S) s (``window_cycle``), or None."""
+    w = window_cycle(start_s, step_id, busy, model_us, lo_s, hi_s)
     return None if w is None else w[0] / w[1]
 
 
 def first_seconds(data, resolver, entry, kv_sharing) -> list[str]:
-    """Check 2, one line per experiment."""
+    """Check 2: a line per experiment."""
     expr = parse_infix(entry.expression)
     names = sorted(s.name for s in expr.free_symbols)
-    every = replace(data, steps=data.steps.assign(cycle_time_us=data.steps["cycle_time_us"].fillna(-1.0)))
-    table = build_step_table(every, resolver, names, 0.0, kv_sharing)  # every sampled step, in the data's order
-    pred = evaluate_expr(expr, table.columns)
-    head = " ".join(f"{w:>4}" for w in WINDOWS_S)
+    table = build_step_table(data, resolver, names, 0.0, kv_sharing, every_step=True)
+    model_us = np.broadcast_to(evaluate_expr(expr, table.columns) if names else float(expr), (table.n,))
+    head = " ".join(f"{w:>4}" for w in WINDOW_STARTS_S)
     out = [
-        f"measured / {entry.id}'s step time, over the same after {STEADY_AFTER_S:.0f} s; 2-s windows",
-        f"{'experiment':<26} {head} {'0-12':>5}",
+        f"measured / {entry.id}'s step time, over the same after {STEADY_AFTER_S:.0f} s",
+        f"{'experiment':<26} {head} {f'0-{SPAN_S:.0f}':>5}",
     ]
     for e, name in enumerate(table.experiment_names):
-        rows = table.experiment == e
-        g = data.steps.loc[data.steps["experiment"] == name]
-        ts = g["ts_start_us"].to_numpy(dtype=np.float64)
-        ts = (ts - ts.min()) / 1e6
-        ids = g["step_id"].to_numpy()
+        g = data.steps.loc[data.steps["experiment"] == name]  # the table keeps the data's row order
+        start_us = g["ts_start_us"].to_numpy(dtype=np.float64)
+        start_s = (start_us - start_us.min()) / 1e6
         busy = (g["num_decode_reqs"].to_numpy() + g["num_prefill_reqs"].to_numpy()) > 0
-        ratio = partial(window_ratio, ts, ids, busy, pred[rows])
-
-        steady = [ratio(lo, lo + 5) for lo in np.arange(STEADY_AFTER_S, ts.max(), 5.0)]
-        base = float(np.median([r for r in steady if r is not None]))
-        cells = [ratio(lo, lo + 2) for lo in WINDOWS_S]
+        ratio = partial(window_ratio, start_s, g["step_id"].to_numpy(), busy, model_us[table.experiment == e])
+        steady = [ratio(lo, lo + STEADY_WINDOW_S) for lo in np.arange(STEADY_AFTER_S, start_s.max(), STEADY_WINDOW_S)]
+        steady = [r for r in steady if r is not None]
+        if not steady:
+            out.append(f"{short(name):<26} no steady windows after {STEADY_AFTER_S:.0f} s")
+            continue
+        base = float(np.median(steady))
+        cells = [ratio(lo, lo + WINDOW_S) for lo in WINDOW_STARTS_S]
         text = " ".join(f"{c / base:4.2f}" if c is not None else "   -" for c in cells)
-        out.append(f"{short(name):<26} {text} {ratio(0, 12) / base:5.3f}")
-    return out
-
-
-def stall_scaling(data, resolver) -> list[str]:
-    """Check 3, one line per experiment."""
-    table = build_step_table(data, resolver, None, 0.0)
-    out = [
-        "a step's cycle time over its neighbours' median: ratio, and excess (ms)",
-        f"{'experiment':<26} {'median':>6} {'p95':>5} {'p99':>5} {'p99.5':>5} {'p95 ms':>6} {'p99 ms':>6} {'p99.5':>6}",
-    ]
-    for e, name in enumerate(table.experiment_names):
-        rows = table.experiment == e
-        feats = np.column_stack([table.columns[f][rows] for f in FEATURES]).astype(np.float64)
-        cycle = table.cycle_time_us[rows].astype(np.float64)
-        r = neighbour_ratios(feats, cycle)
-        excess_ms = (cycle - cycle / r) / 1e3
-        qr = np.percentile(r, [95, 99, 99.5])
-        qe = np.percentile(excess_ms, [95, 99, 99.5])
-        out.append(
-            f"{short(name):<26} {np.median(cycle) / 1e3:6.1f} "
-            + " ".join(f"{v:5.2f}" for v in qr)
-            + " "
-            + " ".join(f"{v:6.2f}" for v in qe)
-        )
+        whole = ratio(0.0, SPAN_S)
+        span = f"{whole / base:5.3f}" if whole is not None else "    -"
+        out.append(f"{short(name):<26} {text} {span}")
     return out
 
 
@@ -172,24 +135,32 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shared", type=Path, default=shared_data_root(), help="the shared folder (default ../shared)")
     ap.add_argument("--data", type=Path, help="step traces to check (default: the shared folder's data/steps)")
-    ap.add_argument("--run-dir", help="run directory of the archived model for check 2")
-    ap.add_argument("--id", help="archive entry id (or prefix) for check 2")
+    ap.add_argument("--run-dir", type=Path, help="run directory of the archived model for check 2 (with --id)")
+    ap.add_argument("--id", help="archive entry id (or prefix) for check 2 (with --run-dir)")
     args = ap.parse_args(argv)
+    if (args.run_dir is None) != (args.id is None):
+        print("--run-dir and --id: give both (check 2) or neither", file=sys.stderr)
+        return 2
     steps_dir = args.data or args.shared / "data" / "steps"
     experiments = args.shared / "data" / "experiments"
-    if not steps_dir.exists():
-        print(f"{steps_dir}: no step traces there ({'--data' if args.data else '--shared'})", file=sys.stderr)
+    try:
+        data = load_steps([steps_dir])
+        entry = None
+        if args.run_dir is not None:
+            archive = RunDir(args.run_dir).archive
+            if not archive.is_file():
+                raise InputError(archive, None, "no archive there (--run-dir)")
+            with ArchiveStore(archive, create=False, read_only=True) as store:
+                entry = store.get(args.id)
+        resolver = default_resolver()
+        print("\n".join(prefill_in_traces(data.steps, resolver)))
+        if entry is not None:
+            seed = int((entry.run_config or {}).get("seed") or 0)  # the run measured KV sharing on its seed
+            sharing = trace_kv_sharing(data, experiments, resolver, seed) if experiments.is_dir() else None
+            print("\n" + "\n".join(first_seconds(data, resolver, entry, sharing)))
+    except InputError as err:
+        print(err, file=sys.stderr)
         return 2
-    resolver = default_resolver()
-    data = load_steps([steps_dir])
-    print("\n".join(prefill_alignment(data.steps, resolver)) + "\n")
-    if args.run_dir and args.id:
-        with ArchiveStore(RunDir(Path(args.run_dir)).archive, create=False, read_only=True) as store:
-            entry = store.get(args.id)
-        seed = int((entry.run_config or {}).get("seed") or 0)
-        sharing = trace_kv_sharing(data, experiments, resolver, seed) if experiments.is_dir() else None
-        print("\n".join(first_seconds(data, resolver, entry, sharing)) + "\n")
-    print("\n".join(stall_scaling(data, resolver)))
     return 0
 
 

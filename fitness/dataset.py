@@ -65,8 +65,10 @@ def build_step_table(
     primitive_names: list[str] | None = None,
     validation_fraction: float = 0.2,
     kv_sharing: dict[str, float] | None = None,
+    every_step: bool = False,
 ) -> StepTable:
-    """Primitive columns of every step with a cycle-time target.
+    """Primitive columns of every step with a cycle-time target (``every_step``: of every
+    sampled step, in the data's order, the cycle time NaN where the next step was not sampled).
 
     ``kv_sharing`` (experiment -> factor, ``fitness.kv_sharing``) scales the block-counted KV
     of those experiments' aggregate rows to the per-request sum the primitives mean.
@@ -101,7 +103,8 @@ def build_step_table(
         factor = steps["experiment"].map(kv_sharing).fillna(1.0).to_numpy(dtype=np.float64)
         feats["kv_tokens"] = feats["kv_tokens"] * factor
 
-    target_rows = np.flatnonzero(np.isfinite(steps["cycle_time_us"].to_numpy()))
+    cycle_us = steps["cycle_time_us"].to_numpy()
+    target_rows = np.arange(len(steps)) if every_step else np.flatnonzero(np.isfinite(cycle_us))
     exp_names = sorted(steps["experiment"].unique())
     exp_code_all = steps["experiment"].map({e: i for i, e in enumerate(exp_names)}).to_numpy()
 
@@ -125,7 +128,7 @@ def build_step_table(
     is_train = temporal_split(exp_code, steps["step_id"].to_numpy()[target_rows], validation_fraction)
     return StepTable(
         columns=cols,
-        cycle_time_us=steps["cycle_time_us"].to_numpy()[target_rows],
+        cycle_time_us=cycle_us[target_rows],
         experiment=exp_code,
         experiment_names=exp_names,
         is_train=is_train,

@@ -1,13 +1,15 @@
-"""benchmarks/trace_checks.py: which step's prefill a trace's cycle time carries, a fresh
-server's first seconds, and how stalls scale."""
+"""benchmarks/trace_checks.py: prefill in the traces against each step's least time, and a
+fresh server's first seconds against an archived model."""
 
 import importlib.util
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT
+from conftest import ROOT, small_trace
 
+from primitives.data.traces import load_steps
 from primitives.deployment import default_resolver
 
 
@@ -18,78 +20,47 @@ def _trace_checks():
     return module
 
 
-def _steps(prefill_cost_of_previous_us: float, n: int = 6000) -> pd.DataFrame:
-    """Every step sampled; step i's cycle carries step i-1's prefill (as under async scheduling)."""
-    rng = np.random.default_rng(3)
-    decode = rng.integers(10, 60, n).astype(float)
-    prefill = np.where(rng.random(n) < 0.2, rng.integers(16, 600, n), 0).astype(float)
-    cycle = 8000 + 40 * decode + prefill_cost_of_previous_us * np.concatenate([[0.0], prefill[:-1]])
-    cycle = cycle + rng.normal(0, 200, n)
-    return pd.DataFrame(
+def test_prefill_in_traces_counts_large_prefills_and_marks_cycles_below_the_floor():
+    tc = _trace_checks()
+    resolver = default_resolver()
+    dep = resolver.resolve("meta-llama/Llama-2-70b-hf", 4)
+    floor_us = float(tc.step_floor_us(dep, np.array([1013.0]))[0])
+    weights_us = dep.weight_bytes_per_gpu / dep.gpu.hbm_bytes_per_s * 1e6
+    assert floor_us > weights_us  # 1,013 tokens of a 70B model are compute bound
+    assert float(tc.step_floor_us(dep, np.array([20.0]))[0]) == pytest.approx(weights_us)  # 20 are not
+    steps = pd.DataFrame(
         {
-            "experiment": "20260101-000000-synthetic-tp1-general",
-            "model": "meta-llama/Llama-2-7b-hf",
-            "tp": 1,
+            "experiment": "20260101-000000-llama-2-70b-tp4-general",
+            "model": "meta-llama/Llama-2-70b-hf",
+            "tp": 4,
             "gpu": None,
-            "step_id": np.arange(n),
-            "ts_start_us": np.concatenate([[0.0], np.cumsum(cycle)[:-1]]),
-            "prefill_tokens": prefill,
-            "decode_tokens": decode,
+            "prefill_tokens": [0.0, 1000.0, 1000.0, 1000.0, 99.0],
+            "decode_tokens": [40.0, 13.0, 13.0, 13.0, 40.0],
+            "cycle_time_us": [19e3, 0.9 * floor_us, 1.1 * floor_us, np.nan, 19e3],
         }
     )
-
-
-def _coefficients(line: str) -> list[float]:
-    """The ``value±se`` cells of a check-1 row, values only."""
-    return [float(cell.split("±")[0]) for cell in line.split() if "±" in cell]
-
-
-def test_prefill_alignment_finds_the_step_whose_prefill_the_cycle_carries():
-    tc = _trace_checks()
-    lines = tc.prefill_alignment(_steps(50.0), default_resolver())
-    assert lines[1].split()[0] == "experiment"
-    row = lines[2]
-    assert row.startswith("synthetic-tp1-general")  # the date and time stamp dropped
-    step_i, step_next, step_prev = _coefficients(row)
-    assert abs(step_prev - 50.0) < 3.0
-    assert abs(step_i) < 3.0 and abs(step_next) < 3.0
-    assert max(len(line) for line in lines) <= 80
+    lines = tc.prefill_in_traces(steps, resolver)
+    assert lines[2].split() == ["llama-2-70b-tp4-general", "5", "3", "2"]  # steps, large, timed
+    assert lines[3].split()[0] == "1000" and lines[3].endswith("below")
+    assert not lines[4].endswith("below")
+    assert len(lines) == 5 and max(len(line) for line in lines) <= 80
 
 
 def test_window_cycle_counts_unsampled_steps_and_refuses_idle_gaps():
     tc = _trace_checks()
-    ts_s = np.array([0.0, 0.1, 0.3, 0.5])
-    ids = np.array([0, 5, 15, 25])  # 20 ms per step, most of them unsampled
-    pred = np.array([10_000.0, 20_000.0, 30_000.0, 99.0])
-    busy = np.array([True, True, True, True])
-    cycle_us, model_us = tc.window_cycle(ts_s, ids, busy, pred, 0.0, 1.0)
+    start_s = np.array([0.0, 0.1, 0.3, 0.5])
+    step_id = np.array([0, 5, 15, 25])  # 20 ms per step, most of them unsampled
+    model_us = np.array([10_000.0, 20_000.0, 30_000.0, 99.0])
+    busy = np.ones(4, dtype=bool)
+    cycle_us, mean_model_us = tc.window_cycle(start_s, step_id, busy, model_us, 0.0, 1.0)
     assert cycle_us == pytest.approx(20_000.0)
-    assert model_us == pytest.approx(20_000.0)  # the last sample's own step lies outside the span
+    assert mean_model_us == pytest.approx(20_000.0)  # the last sample's own step lies outside the span
+    assert tc.window_cycle(start_s, step_id, busy, model_us, 0.0, 0.2) is None  # under 3 samples
     busy[1] = False  # an empty engine between two samples idles: no cycle to measure
-    assert tc.window_cycle(ts_s, ids, busy, pred, 0.0, 1.0) is None
-    assert tc.window_cycle(ts_s, ids, np.ones(4, bool), pred, 0.0, 0.2) is None  # under 3 samples
-
-
-def test_on_the_real_traces_a_cycle_does_not_carry_its_own_steps_prefill(shared_data, capsys):
-    tc = _trace_checks()
-    assert tc.main(["--shared", str(shared_data.parent)]) == 0
-    out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if line.startswith(("llama-2-70b", "codellama-34b"))]
-    assert len(rows) == 4  # checks 1 and 3 (check 2 needs an archived model)
-    for row in rows[:2]:
-        step_i, _, step_prev = _coefficients(row)
-        flop_us = float(row.split()[-1])
-        assert step_i < 0.5 * flop_us < step_prev  # its own prefill is missing, the previous step's is there
-    assert max(len(line) for line in out.splitlines()) <= 80
+    assert tc.window_cycle(start_s, step_id, busy, model_us, 0.0, 1.0) is None
 
 
 def test_first_seconds_finds_a_warm_up_against_the_model(tmp_path):
-    from types import SimpleNamespace
-
-    from conftest import small_trace
-
-    from primitives.data.traces import load_steps
-
     tc = _trace_checks()
     trace = small_trace(12_000, experiment="20260101-000000-tiny-tp1-general")
     decode = np.random.default_rng(2).integers(40, 60, len(trace))  # steadier batches than small_trace's
@@ -106,8 +77,34 @@ def test_first_seconds_finds_a_warm_up_against_the_model(tmp_path):
     entry = SimpleNamespace(id="model", expression="8000 + 60*decode_tokens")
     lines = tc.first_seconds(data, default_resolver(), entry, None)
     cells = [float(c) for c in lines[2].split()[1:]]
-    by_window = dict(zip(tc.WINDOWS_S, cells[:-1], strict=True))
+    by_window = dict(zip(tc.WINDOW_STARTS_S, cells[:-1], strict=True))
     assert all(abs(by_window[w] - 1.5) < 0.06 for w in (0, 2))
     assert all(abs(by_window[w] - 1.0) < 0.06 for w in (8, 10, 12, 14))
     # 0-12 s: 6 s hold 4 model-seconds of steps, the next 6 s hold 6: 12 s for 10, 1.2x
     assert cells[-1] == pytest.approx(1.2, abs=0.04)
+    assert max(len(line) for line in lines) <= 80
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--id", "x"], "--run-dir and --id"),
+        (["--run-dir", "{tmp}", "--id", "x"], "no archive there"),
+        (["--data", "{tmp}/none.parquet"], "no such file"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
+    tc = _trace_checks()
+    assert tc.main([a.format(tmp=tmp_path) for a in args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and message in captured.err and len(captured.err.strip().splitlines()) == 1
+
+
+def test_on_the_real_traces(shared_data, capsys):
+    tc = _trace_checks()
+    assert tc.main(["--shared", str(shared_data.parent)]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith(("llama", "code"))}
+    assert set(rows) == {"llama-2-70b-tp4-general", "codellama-34b-tp2-general"}
+    assert all(int(r[1]) < 0.01 * int(r[0]) for r in rows.values())  # under 1% of the steps prefill 100+ tokens
+    assert max(len(line) for line in out.splitlines()) <= 80

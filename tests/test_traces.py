@@ -64,3 +64,15 @@ def test_csv_traces_load_like_parquet(tmp_path):
     a, b = load_trace(tmp_path / "t.csv"), load_trace(tmp_path / "t.parquet")
     assert np.allclose(a.steps["cycle_time_us"].dropna(), 8000.0)
     pd.testing.assert_frame_equal(a.steps, b.steps)
+
+
+def test_step_table_of_every_sampled_step(tmp_path):
+    _flat(6, **{"step.id": [0, 1, 2, 5, 6, 9], "batch.decode_tokens": [20, 21, 22, 23, 24, 25]}).to_csv(
+        tmp_path / "t.csv", index=False
+    )
+    data = load_trace(tmp_path / "t.csv")
+    targets = build_step_table(data, default_resolver(), ["decode_tokens"], 0.0)
+    every = build_step_table(data, default_resolver(), ["decode_tokens"], 0.0, every_step=True)
+    assert list(targets.columns["decode_tokens"]) == [20, 21, 23]  # steps whose next step was sampled
+    assert list(every.columns["decode_tokens"]) == [20, 21, 22, 23, 24, 25]  # the data's order
+    assert np.isnan(every.cycle_time_us[[2, 4, 5]]).all() and np.isfinite(every.cycle_time_us[[0, 1, 3]]).all()
