@@ -11,9 +11,10 @@
    each trace's first seconds, the mean cycle time of every step, sampled or not (from the
    sampled steps' ids and start times), over the archived model's mean step time for the
    window's sampled steps; divided by the median of the same ratio over 5-s windows after
-   the first minute. A 2-s window holds 5-10 sampled steps, so its features are noisy:
+   the first minute. A 2-s window holds 4-16 sampled steps, so its features are noisy:
    the emulator's synthetic traces (``--data primitives/data/embedded``), which have no
-   warm-up, are the control.
+   warm-up, are the control. The last two columns span the first 12 s, and the same
+   without the first window (where a run's first, cold-cache prefills sit).
 
 Usage::
 
@@ -46,7 +47,7 @@ STEADY_AFTER_S = 60.0  # the first seconds are compared with the windows after t
 STEADY_WINDOW_S = 5.0
 WINDOW_S = 2.0
 WINDOW_STARTS_S = (0, 2, 4, 6, 8, 10, 12, 14)
-SPAN_S = 12.0  # the last column: every step of the first SPAN_S seconds
+SPAN_S = 12.0  # the last columns: every step of the first SPAN_S seconds, and without the first window
 
 
 def short(experiment: str) -> str:
@@ -73,7 +74,9 @@ def prefill_in_traces(steps, resolver) -> list[str]:
     ]
     for name, g in steps.groupby("experiment", sort=True):
         first = g.iloc[0]
-        dep = resolver.resolve(first["model"], int(first["tp"]), first["gpu"] or None)
+        dep = resolver.resolve_in(
+            "the step traces", f"experiment {name!r}", first["model"], int(first["tp"]), first["gpu"] or None
+        )
         large = g[g["prefill_tokens"] >= LARGE_PREFILL_TOKENS]
         timed = large[np.isfinite(large["cycle_time_us"].to_numpy(dtype=np.float64))]
         out.append(f"{short(name):<26} {len(g):>6} {len(large):>6} {len(timed):>6}")
@@ -97,7 +100,17 @@ def window_cycle(start_s, step_id, busy, model_us, lo_s: float, hi_s: float):
 def window_ratio(start_s, step_id, busy, model_us, lo_s: float, hi_s: float) -> float | None:
     """Measured over model mean cycle in [LO_S, HI_S) s (``window_cycle``), or None."""
     w = window_cycle(start_s, step_id, busy, model_us, lo_s, hi_s)
-    return None if w is None else w[0] / w[1]
+    if w is None or not (np.isfinite(w[1]) and w[1] > 0):  # a model that prices the window at nothing
+        return None
+    return w[0] / w[1]
+
+
+def ratio_cell(value: float | None, width: int, digits: int) -> str:
+    """A ratio in WIDTH characters ('-' where there is none, '>' past what fits)."""
+    if value is None:
+        return f"{'-':>{width}}"
+    text = f"{value:{width}.{digits}f}"
+    return text if len(text) <= width else f"{'>9.' + '9' * (digits - 1):>{width}}"
 
 
 def first_seconds(data, resolver, entry, kv_sharing) -> list[str]:
@@ -109,7 +122,7 @@ def first_seconds(data, resolver, entry, kv_sharing) -> list[str]:
     head = " ".join(f"{w:>4}" for w in WINDOW_STARTS_S)
     out = [
         f"measured / {entry.id}'s step time, over the same after {STEADY_AFTER_S:.0f} s",
-        f"{'experiment':<26} {head} {f'0-{SPAN_S:.0f}':>5}",
+        f"{'experiment':<26} {head} {f'0-{SPAN_S:.0f}':>5} {f'{WINDOW_S:.0f}-{SPAN_S:.0f}':>5}",
     ]
     for e, name in enumerate(table.experiment_names):
         g = data.steps.loc[data.steps["experiment"] == name]  # the table keeps the data's row order
@@ -123,11 +136,11 @@ def first_seconds(data, resolver, entry, kv_sharing) -> list[str]:
             out.append(f"{short(name):<26} no steady windows after {STEADY_AFTER_S:.0f} s")
             continue
         base = float(np.median(steady))
-        cells = [ratio(lo, lo + WINDOW_S) for lo in WINDOW_STARTS_S]
-        text = " ".join(f"{c / base:4.2f}" if c is not None else "   -" for c in cells)
-        whole = ratio(0.0, SPAN_S)
-        span = f"{whole / base:5.3f}" if whole is not None else "    -"
-        out.append(f"{short(name):<26} {text} {span}")
+        windows = [ratio(lo, lo + WINDOW_S) for lo in WINDOW_STARTS_S]
+        text = " ".join(ratio_cell(w / base if w is not None else None, 4, 2) for w in windows)
+        spans = [ratio(lo, SPAN_S) for lo in (0.0, WINDOW_S)]
+        tail = " ".join(ratio_cell(w / base if w is not None else None, 5, 3) for w in spans)
+        out.append(f"{short(name):<26} {text} {tail}")
     return out
 
 
@@ -143,8 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     steps_dir = args.data or args.shared / "data" / "steps"
     experiments = args.shared / "data" / "experiments"
-    try:
-        data = load_steps([steps_dir])
+    try:  # every input is read and both tables are made before anything is printed
         entry = None
         if args.run_dir is not None:
             archive = RunDir(args.run_dir).archive
@@ -152,15 +164,17 @@ def main(argv: list[str] | None = None) -> int:
                 raise InputError(archive, None, "no archive there (--run-dir)")
             with ArchiveStore(archive, create=False, read_only=True) as store:
                 entry = store.get(args.id)
+        data = load_steps([steps_dir])
         resolver = default_resolver()
-        print("\n".join(prefill_in_traces(data.steps, resolver)))
+        tables = [prefill_in_traces(data.steps, resolver)]
         if entry is not None:
             seed = int((entry.run_config or {}).get("seed") or 0)  # the run measured KV sharing on its seed
             sharing = trace_kv_sharing(data, experiments, resolver, seed) if experiments.is_dir() else None
-            print("\n" + "\n".join(first_seconds(data, resolver, entry, sharing)))
+            tables.append(first_seconds(data, resolver, entry, sharing))
     except InputError as err:
         print(err, file=sys.stderr)
         return 2
+    print("\n\n".join("\n".join(table) for table in tables))
     return 0
 
 

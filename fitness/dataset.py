@@ -15,7 +15,8 @@ from primitives.registry import AGGREGATE_FEATURES, supported_primitives
 
 @dataclass
 class StepTable:
-    """Rows with a cycle-time target, and every supported primitive as a column."""
+    """Rows with a cycle-time target (or every sampled step: ``build_step_table``'s
+    ``every_step``), and every supported primitive as a column."""
 
     columns: dict[str, np.ndarray]
     cycle_time_us: np.ndarray
@@ -73,6 +74,8 @@ def build_step_table(
     ``kv_sharing`` (experiment -> factor, ``fitness.kv_sharing``) scales the block-counted KV
     of those experiments' aggregate rows to the per-request sum the primitives mean.
     """
+    if every_step and validation_fraction:
+        raise ValueError("every_step: a table of every step has no targets to split; give validation_fraction=0")
     steps = data.steps
     available = data.available_features
     supported = supported_primitives(available)

@@ -46,6 +46,13 @@ def test_prefill_in_traces_counts_large_prefills_and_marks_cycles_below_the_floo
     assert len(lines) == 5 and max(len(line) for line in lines) <= 80
 
 
+def test_ratio_cells_fit_their_width():
+    tc = _trace_checks()
+    assert [tc.ratio_cell(v, 4, 2) for v in (1.234, None, 12.5)] == ["1.23", "   -", ">9.9"]
+    assert tc.ratio_cell(10.0, 5, 3) == ">9.99"
+    assert tc.window_ratio(np.array([0.0, 0.1, 0.2]), np.array([0, 5, 10]), np.ones(3, bool), np.zeros(3), 0, 1) is None
+
+
 def test_window_cycle_counts_unsampled_steps_and_refuses_idle_gaps():
     tc = _trace_checks()
     start_s = np.array([0.0, 0.1, 0.3, 0.5])
@@ -77,11 +84,13 @@ def test_first_seconds_finds_a_warm_up_against_the_model(tmp_path):
     entry = SimpleNamespace(id="model", expression="8000 + 60*decode_tokens")
     lines = tc.first_seconds(data, default_resolver(), entry, None)
     cells = [float(c) for c in lines[2].split()[1:]]
-    by_window = dict(zip(tc.WINDOW_STARTS_S, cells[:-1], strict=True))
+    by_window = dict(zip(tc.WINDOW_STARTS_S, cells[:-2], strict=True))
     assert all(abs(by_window[w] - 1.5) < 0.06 for w in (0, 2))
     assert all(abs(by_window[w] - 1.0) < 0.06 for w in (8, 10, 12, 14))
-    # 0-12 s: 6 s hold 4 model-seconds of steps, the next 6 s hold 6: 12 s for 10, 1.2x
-    assert cells[-1] == pytest.approx(1.2, abs=0.04)
+    # 0-12 s: 6 s hold 4 model-seconds of steps, the next 6 s hold 6: 12 s for 10, 1.2x;
+    # 2-12 s: 4 s hold 2.67, then 6: 10 s for 8.67, 1.154x
+    assert cells[-2] == pytest.approx(1.2, abs=0.04)
+    assert cells[-1] == pytest.approx(10 / (4 / 1.5 + 6), abs=0.04)
     assert max(len(line) for line in lines) <= 80
 
 
