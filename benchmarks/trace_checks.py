@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from archive.rundir import RunDir  # noqa: E402
 from archive.store import ArchiveStore  # noqa: E402
+from evolve.report import short_experiment_name  # noqa: E402
 from fitness.dataset import build_step_table  # noqa: E402
 from fitness.kv_sharing import trace_kv_sharing  # noqa: E402
 from primitives.data.roots import shared_data_root  # noqa: E402
@@ -51,10 +52,9 @@ SPAN_S = 12.0  # the last columns: every step of the first SPAN_S seconds, and w
 
 
 def short(experiment: str) -> str:
-    """An experiment's name without its date and time stamp, at most 26 characters (its end,
-    where the workload is)."""
-    parts = str(experiment).split("-", 2)
-    name = parts[2] if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit() else str(experiment)
+    """An experiment as the reports name it, at most 26 characters (its end, where the
+    workload is)."""
+    name = short_experiment_name(str(experiment))
     return name if len(name) <= 26 else "…" + name[-25:]
 
 

@@ -40,7 +40,7 @@ def test_prefill_in_traces_counts_large_prefills_and_marks_cycles_below_the_floo
         }
     )
     lines = tc.prefill_in_traces(steps, resolver)
-    assert lines[2].split() == ["llama-2-70b-tp4-general", "5", "3", "2"]  # steps, large, timed
+    assert lines[2].split() == ["llama-2-70b", "tp4", "general", "5", "3", "2"]  # steps, large, timed
     assert lines[3].split()[0] == "1000" and lines[3].endswith("below")
     assert not lines[4].endswith("below")
     assert len(lines) == 5 and max(len(line) for line in lines) <= 80
@@ -83,7 +83,8 @@ def test_first_seconds_finds_a_warm_up_against_the_model(tmp_path):
     data = load_steps([tmp_path / "t.csv"])
     entry = SimpleNamespace(id="model", expression="8000 + 60*decode_tokens")
     lines = tc.first_seconds(data, default_resolver(), entry, None)
-    cells = [float(c) for c in lines[2].split()[1:]]
+    assert lines[2].startswith("tiny tp1 general")
+    cells = [float(c) for c in lines[2].split()[3:]]
     by_window = dict(zip(tc.WINDOW_STARTS_S, cells[:-2], strict=True))
     assert all(abs(by_window[w] - 1.5) < 0.06 for w in (0, 2))
     assert all(abs(by_window[w] - 1.0) < 0.06 for w in (8, 10, 12, 14))
@@ -113,7 +114,7 @@ def test_on_the_real_traces(shared_data, capsys):
     tc = _trace_checks()
     assert tc.main(["--shared", str(shared_data.parent)]) == 0
     out = capsys.readouterr().out
-    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith(("llama", "code"))}
-    assert set(rows) == {"llama-2-70b-tp4-general", "codellama-34b-tp2-general"}
+    rows = {line[:26].strip(): line[26:].split() for line in out.splitlines() if line.startswith(("llama", "code"))}
+    assert set(rows) == {"llama-2-70b tp4 general", "codellama-34b tp2 general"}
     assert all(int(r[1]) < 0.01 * int(r[0]) for r in rows.values())  # under 1% of the steps prefill 100+ tokens
     assert max(len(line) for line in out.splitlines()) <= 80
