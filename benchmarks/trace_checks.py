@@ -36,7 +36,7 @@ from archive.rundir import RunDir  # noqa: E402
 from archive.store import ArchiveStore  # noqa: E402
 from evolve.report import short_experiment_name  # noqa: E402
 from fitness.dataset import build_step_table  # noqa: E402
-from fitness.kv_sharing import trace_kv_sharing  # noqa: E402
+from fitness.kv_sharing import run_seed, trace_kv_sharing  # noqa: E402
 from primitives.data.roots import shared_data_root  # noqa: E402
 from primitives.data.traces import load_steps  # noqa: E402
 from primitives.deployment import default_resolver  # noqa: E402
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         resolver = default_resolver()
         tables = [prefill_in_traces(data.steps, resolver)]
         if entry is not None:
-            seed = int((entry.run_config or {}).get("seed") or 0)  # the run measured KV sharing on its seed
+            seed = run_seed(entry.run_config)
             sharing = trace_kv_sharing(data, experiments, resolver, seed) if experiments.is_dir() else None
             tables.append(first_seconds(data, resolver, entry, sharing))
     except InputError as err:

@@ -255,9 +255,10 @@ def cmd_score(args: argparse.Namespace) -> int:
     entry = _get_entry(args.run_dir, args.id)
     resolver = _resolver(args)
     from evolve.report import batch_bias_table, rows_table
+    from fitness.kv_sharing import run_seed
     from fitness.step_errors import score_entry
 
-    seed = int((entry.run_config or {}).get("seed") or 0)  # the run measured KV sharing on its seed's workload
+    seed = run_seed(entry.run_config)
     rows = list(score_entry(entry, [str(p) for p in args.data], resolver, args.experiments, seed))
     result: dict[str, Any] = {
         "id": entry.id,

@@ -23,6 +23,12 @@ from primitives.data.traces import StepData
 from primitives.deployment import DeploymentResolver
 
 
+def run_seed(run_config: dict | None) -> int:
+    """The load seed an archived run drew its workloads with, and so measured its KV sharing
+    on (0 for a run that recorded none)."""
+    return int((run_config or {}).get("seed") or 0)
+
+
 def trace_kv_sharing(
     data: StepData, experiments_dir: str | Path | None, resolver: DeploymentResolver, seed: int = 0
 ) -> dict[str, float]:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_benchmark
 
 from archive.rundir import RunDir
 from archive.select import recommend
@@ -36,7 +37,6 @@ from translate_go.golden import python_step_time_us, round_step_us
 from translate_go.non_step import resolve_overheads
 from translate_go.toolchain import find_go, run_go
 
-ROOT = Path(__file__).resolve().parent.parent
 GO = find_go()
 BLIS_SRC = shared_data_root() / "blis"
 VENDORED = {"GOFLAGS": "-mod=vendor"}  # BLIS's dependencies are vendored (PROVENANCE.md)
@@ -219,12 +219,7 @@ def test_out_refuses_foreign_files_packages_and_keywords(short_run, tmp_path, ca
 
 # --- benchmarks/peers_blis.py: what BLIS is given and how its output is read ------------------
 def _peers_blis():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("peers_blis", ROOT / "benchmarks" / "peers_blis.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("peers_blis")
 
 
 def test_peers_blis_workload_and_client_view():

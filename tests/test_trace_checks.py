@@ -1,23 +1,19 @@
 """benchmarks/trace_checks.py: prefill in the traces against each step's least time, and a
 fresh server's first seconds against an archived model."""
 
-import importlib.util
 from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT, small_trace
+from conftest import load_benchmark, small_trace
 
 from primitives.data.traces import load_steps
 from primitives.deployment import default_resolver
 
 
 def _trace_checks():
-    spec = importlib.util.spec_from_file_location("trace_checks", ROOT / "benchmarks" / "trace_checks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("trace_checks")
 
 
 def test_prefill_in_traces_counts_large_prefills_and_marks_cycles_below_the_floor():
