@@ -1,4 +1,4 @@
-"""What the real step traces can and cannot say about prefill and a fresh server: two tables.
+"""What the real step traces say about prefill, a fresh server and the queue: three tables.
 
 1. **Prefill in the traces.** Per experiment: the sampled steps, those that prefill at least
    ``LARGE_PREFILL_TOKENS`` tokens, and those of them with a cycle time (the next step
@@ -15,16 +15,26 @@
    the emulator's synthetic traces (``--data primitives/data/embedded``), which have no
    warm-up, are the control. The last two columns span the first 12 s, and the same
    without the first window (where a run's first, cold-cache prefills sit).
+3. **The queue at each load stage** (with ``--run-dir`` and ``--id``; traces whose
+   experiment folder is in ``../shared/data/experiments``). Per stage, from
+   ``QUEUE_SKIP_S`` into it: the mean cycle time, the mean and spread of the batch
+   (requests per step), the share of steps after which requests wait to be admitted; and
+   the whole stage's mean TTFT. For the real run (its trace and its client), for the
+   archived model simulated (``--draws`` draws of the load), and for the model scaled to
+   the cycle time the trace measured in that stage. The last row tells the simulator's
+   queueing apart from the model's step price: near ``max_num_seqs`` a few percent of
+   step time move the queue, and the TTFT with it, by tens of percent.
 
 Usage::
 
-    python benchmarks/trace_checks.py [--shared DIR] [--data TRACES] [--run-dir D --id ID]
+    python benchmarks/trace_checks.py [--shared DIR] [--data TRACES] [--run-dir D --id ID [--draws N]]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -36,7 +46,12 @@ from archive.rundir import RunDir  # noqa: E402
 from archive.store import ArchiveStore  # noqa: E402
 from evolve.report import short_experiment_name  # noqa: E402
 from fitness.dataset import build_step_table  # noqa: E402
+from fitness.emulator.experiment import waiting_depth  # noqa: E402
 from fitness.kv_sharing import run_seed, trace_kv_sharing  # noqa: E402
+from fitness.sim.engine import simulate  # noqa: E402
+from fitness.sim.models import ExpressionLatencyModel  # noqa: E402
+from fitness.step_scatter import run_scatter, step_scales  # noqa: E402
+from primitives.data.experiments import find_experiments  # noqa: E402
 from primitives.data.roots import shared_data_root  # noqa: E402
 from primitives.data.traces import load_steps  # noqa: E402
 from primitives.deployment import default_resolver  # noqa: E402
@@ -49,6 +64,9 @@ STEADY_WINDOW_S = 5.0
 WINDOW_S = 2.0
 WINDOW_STARTS_S = (0, 2, 4, 6, 8, 10, 12, 14)
 SPAN_S = 12.0  # the last columns: every step of the first SPAN_S seconds, and without the first window
+QUEUE_SKIP_S = 30.0  # check 3 leaves out each stage's first seconds, while its batch fills
+QUEUE_DRAWS = 3
+SCALE_ROUNDS = 3  # secant rounds of the scale that puts the model's cycle on the trace's
 
 
 def short(experiment: str) -> str:
@@ -144,15 +162,136 @@ def first_seconds(data, resolver, entry, kv_sharing) -> list[str]:
     return out
 
 
+@dataclass
+class StepSeries:
+    """Steps of one run in time order: start (s from the run's first), cycle (µs, NaN
+    where unknown), requests in the batch, requests waiting after scheduling (or None)."""
+
+    start_s: np.ndarray
+    cycle_us: np.ndarray
+    batch: np.ndarray
+    waiting: np.ndarray | None
+
+
+def stage_stats(steps: StepSeries, lo_s: float, hi_s: float) -> dict | None:
+    """Mean cycle (ms), mean and sd of the batch, share of steps with a queue, over the
+    steps that start in [LO_S, HI_S); None with under 3."""
+    k = (steps.start_s >= lo_s) & (steps.start_s < hi_s)
+    if k.sum() < 3:
+        return None
+    cycle = steps.cycle_us[k][np.isfinite(steps.cycle_us[k])]
+    return {
+        "cycle_ms": float(cycle.mean()) / 1e3 if len(cycle) else float("nan"),
+        "batch": float(steps.batch[k].mean()),
+        "sd": float(steps.batch[k].std()),
+        "waiting": float((steps.waiting[k] > 0).mean()) if steps.waiting is not None else float("nan"),
+    }
+
+
+def trace_series(g) -> StepSeries:
+    """A trace's sampled steps (``primitives.data.traces`` columns) as a StepSeries."""
+    start_us = g["ts_start_us"].to_numpy(dtype=np.float64)
+    waiting = g["waiting_depth"].to_numpy(dtype=np.float64) if "waiting_depth" in g else None
+    return StepSeries(
+        (start_us - start_us.min()) / 1e6,
+        g["cycle_time_us"].to_numpy(dtype=np.float64),
+        (g["num_prefill_reqs"] + g["num_decode_reqs"]).to_numpy(dtype=np.float64),
+        None if waiting is None or np.isnan(waiting).all() else waiting,
+    )
+
+
+def simulated_series(spec, deployment, expression: str, overheads: dict, seed: int, scatter):
+    """(every simulated step as a StepSeries, stage starts in s, each stage's mean TTFT in ms)."""
+    model = ExpressionLatencyModel(expression, deployment, overheads)
+    result = simulate(spec, deployment, model, seed=seed, record=True, step_scales=step_scales(scatter, seed))
+    traj = result.trajectory
+    start_us = traj.step_start_us
+    origin = float(start_us[0])
+    waiting = waiting_depth(traj, result.requests.status, np.arange(traj.n_steps), spec.request_timeout_s)
+    series = StepSeries(
+        (start_us - origin) / 1e6, np.r_[np.diff(start_us), np.nan], np.diff(traj.step_offsets).astype(float), waiting
+    )
+    ttft_ms = [st.ttft_mean_s * 1e3 if st.ttft_mean_s is not None else float("nan") for st in result.metrics.stages]
+    return series, (np.asarray(result.stage_start_us) - origin) / 1e6, ttft_ms
+
+
+def mean_stats(stats: list[dict | None]) -> dict | None:
+    """Each figure's mean over the draws that have the window (None: no draw has it)."""
+    have = [s for s in stats if s is not None]
+    return {k: float(np.mean([s[k] for s in have])) for k in have[0]} if have else None
+
+
+def queue_row(label: str, stats: dict | None, ttft_ms: float) -> str:
+    """One row of check 3 (``stage_stats`` and the stage's mean TTFT), in 76 characters."""
+    if stats is None:
+        return f"{'':<29} {label:<7} {'no steps':>8}"
+    waiting = f"{100 * stats['waiting']:6.1f}%" if np.isfinite(stats["waiting"]) else f"{'-':>7}"
+    ttft = f"{ttft_ms:8.1f}" if np.isfinite(ttft_ms) else f"{'-':>8}"  # no results, or nothing served
+    return f"{'':<29} {label:<7} {stats['cycle_ms']:8.2f} {stats['batch']:6.1f} {stats['sd']:5.1f} {waiting} {ttft}"
+
+
+def queue_by_stage(data, specs: dict, resolver, entry, draws: int) -> list[str]:
+    """Check 3: per experiment and load stage, the real run, the model and the model scaled
+    to the trace's cycle time (``queue_row`` lines)."""
+    scatter = run_scatter(entry.run_config)
+    out = [
+        f"the queue per load stage, from {QUEUE_SKIP_S:.0f} s in: the real run, {entry.id} ({draws} draws),",
+        "and the model scaled to the cycle time the trace measured",
+        f"{'experiment':<26} st {'':<7} {'cycle ms':>8} {'batch':>6} {'sd':>5} {'waiting':>7} {'TTFT ms':>8}",
+    ]
+    for name in sorted(data.steps["experiment"].unique()):
+        spec = specs.get(name)
+        if spec is None:
+            out.append(f"{short(name):<26} no experiment folder of this name: skipped")
+            continue
+        dep = resolver.resolve_experiment(spec)
+        real = trace_series(data.steps.loc[data.steps["experiment"] == name])
+        runs = [simulated_series(spec, dep, entry.expression, entry.overheads, s, scatter) for s in range(draws)]
+        for i, (_, duration_s) in enumerate(spec.stages):
+            window = lambda starts, i=i, d=duration_s: (starts[i] + QUEUE_SKIP_S, starts[i] + d)  # noqa: E731
+            model = mean_stats([stage_stats(series, *window(starts)) for series, starts, _ in runs])
+            real_stats = stage_stats(real, *window(runs[0][1]))
+            observed = spec.observed.stages[i].ttft_mean_s if spec.observed and i < len(spec.observed.stages) else None
+            lines = [
+                queue_row("real", real_stats, observed * 1e3 if observed is not None else float("nan")),
+                queue_row("model", model, float(np.mean([ttft[i] for _, _, ttft in runs]))),
+            ]
+            factor, stats, scaled, elasticity = 1.0, model, runs, 1.0
+            for _ in range(SCALE_ROUNDS):  # a slower step holds more requests, which slows it again
+                if not (real_stats and stats and np.isfinite(real_stats["cycle_ms"]) and stats["cycle_ms"] > 0):
+                    break
+                previous = (factor, stats["cycle_ms"])
+                factor *= (real_stats["cycle_ms"] / stats["cycle_ms"]) ** (1.0 / elasticity)
+                scaled = [
+                    simulated_series(spec, dep, f"{factor!r}*({entry.expression})", entry.overheads, s, scatter)
+                    for s in range(draws)
+                ]
+                stats = mean_stats([stage_stats(series, *window(starts)) for series, starts, _ in scaled])
+                if stats and factor != previous[0] and stats["cycle_ms"] > 0:  # the secant's slope, in logs
+                    slope = np.log(stats["cycle_ms"] / previous[1]) / np.log(factor / previous[0])
+                    elasticity = float(np.clip(slope, 0.5, 5.0)) if np.isfinite(slope) else elasticity
+            if scaled is not runs:
+                lines.append(queue_row(f"x{factor:.3f}", stats, float(np.mean([ttft[i] for _, _, ttft in scaled]))))
+            lines[0] = f"{short(name):<26} {i + 1:>2}" + lines[0][28:]
+            out.extend(lines)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shared", type=Path, default=shared_data_root(), help="the shared folder (default ../shared)")
     ap.add_argument("--data", type=Path, help="step traces to check (default: the shared folder's data/steps)")
-    ap.add_argument("--run-dir", type=Path, help="run directory of the archived model for check 2 (with --id)")
-    ap.add_argument("--id", help="archive entry id (or prefix) for check 2 (with --run-dir)")
+    ap.add_argument("--run-dir", type=Path, help="run directory of the archived model for checks 2 and 3 (with --id)")
+    ap.add_argument("--id", help="archive entry id (or prefix) for checks 2 and 3 (with --run-dir)")
+    ap.add_argument(
+        "--draws", type=int, default=QUEUE_DRAWS, help=f"check 3: draws of the load (default {QUEUE_DRAWS})"
+    )
     args = ap.parse_args(argv)
     if (args.run_dir is None) != (args.id is None):
-        print("--run-dir and --id: give both (check 2) or neither", file=sys.stderr)
+        print("--run-dir and --id: give both (checks 2 and 3) or neither", file=sys.stderr)
+        return 2
+    if args.draws < 1:
+        print(f"--draws: expected a whole number >= 1, got {args.draws}", file=sys.stderr)
         return 2
     steps_dir = args.data or args.shared / "data" / "steps"
     experiments = args.shared / "data" / "experiments"
@@ -171,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             seed = run_seed(entry.run_config)
             sharing = trace_kv_sharing(data, experiments, resolver, seed) if experiments.is_dir() else None
             tables.append(first_seconds(data, resolver, entry, sharing))
+            specs = {s.name: s for s in find_experiments(experiments)} if experiments.is_dir() else {}
+            tables.append(queue_by_stage(data, specs, resolver, entry, args.draws))
     except InputError as err:
         print(err, file=sys.stderr)
         return 2

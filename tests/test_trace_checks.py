@@ -10,6 +10,7 @@ from conftest import load_benchmark, small_trace
 
 from primitives.data.traces import load_steps
 from primitives.deployment import default_resolver
+from primitives.errors import InputError
 
 
 def _trace_checks():
@@ -114,3 +115,68 @@ def test_on_the_real_traces(shared_data, capsys):
     assert set(rows) == {"llama-2-70b tp4 general", "codellama-34b tp2 general"}
     assert all(int(r[1]) < 0.01 * int(r[0]) for r in rows.values())  # under 1% of the steps prefill 100+ tokens
     assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_stage_stats_over_a_window():
+    tc = _trace_checks()
+    steps = tc.StepSeries(
+        start_s=np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0]),
+        cycle_us=np.array([10e3, np.nan, 30e3, 20e3, 99e3, np.nan]),
+        batch=np.array([1.0, 10.0, 20.0, 30.0, 40.0, 50.0]),
+        waiting=np.array([0.0, 0.0, 3.0, 0.0, 1.0, 0.0]),
+    )
+    got = tc.stage_stats(steps, 1.0, 5.0)  # steps 1-4: one cycle unknown
+    assert got["cycle_ms"] == pytest.approx((30 + 20 + 99) / 3)
+    assert got["batch"] == pytest.approx(25.0) and got["sd"] == pytest.approx(np.std([10, 20, 30, 40]))
+    assert got["waiting"] == pytest.approx(0.5)
+    assert tc.stage_stats(steps, 4.0, 9.0) is None  # under 3 steps
+    no_queue = tc.StepSeries(steps.start_s, steps.cycle_us, steps.batch, None)
+    line = tc.queue_row("real", tc.stage_stats(no_queue, 0.0, 9.0), 57.0)
+    assert line.split() == ["real", "39.75", "25.2", "16.8", "-", "57.0"]  # a trace without the queue's depth
+    assert tc.queue_row("model", None, 1.0).split() == ["model", "no", "steps"]
+
+
+def test_the_loader_keeps_the_queue_depth_where_a_trace_has_it(tmp_path):
+    trace = small_trace(30)
+    trace.to_csv(tmp_path / "a.csv", index=False)
+    assert "waiting_depth" not in load_steps([tmp_path / "a.csv"]).steps
+    trace["queue.waiting_depth"] = np.arange(30)[::-1]
+    trace.to_csv(tmp_path / "b.csv", index=False)
+    steps = load_steps([tmp_path / "b.csv"]).steps
+    assert steps["waiting_depth"].tolist() == list(range(30))[::-1]  # in step order, with its rows
+    trace.loc[3, "queue.waiting_depth"] = -1
+    trace.to_csv(tmp_path / "c.csv", index=False)
+    with pytest.raises(InputError, match="queue.waiting_depth"):
+        load_steps([tmp_path / "c.csv"])
+
+
+def test_queue_by_stage_skips_traces_without_an_experiment_folder():
+    tc = _trace_checks()
+    data = SimpleNamespace(steps=pd.DataFrame({"experiment": ["20260101-000000-tiny-tp1-general"]}))
+    entry = SimpleNamespace(id="model", expression="1000", overheads={}, run_config={})
+    lines = tc.queue_by_stage(data, {}, default_resolver(), entry, 1)
+    assert lines[-1].startswith("tiny tp1 general") and lines[-1].endswith("skipped")
+
+
+def test_queue_by_stage_on_a_real_trace(shared_data):
+    """The model's rows come from simulations of the experiment; the scaled row puts the
+    simulated cycle time on the trace's (a fixed point in SCALE_ROUNDS rounds)."""
+    from primitives.data.experiments import find_experiments
+
+    tc = _trace_checks()
+    name = "20260218-150304-codellama-34b-tp2-general"
+    data = load_steps([shared_data / "steps"])
+    data.steps = data.steps.loc[data.steps["experiment"] == name]
+    specs = {s.name: s for s in find_experiments(shared_data / "experiments") if s.name == name}
+    entry = SimpleNamespace(
+        id="model", expression="1.1*gemm_time_us + 1.1*kv_io_time_us + 1500*tp", overheads={}, run_config={}
+    )
+    lines = tc.queue_by_stage(data, specs, default_resolver(), entry, 1)
+    rows = lines[3:]
+    assert len(rows) == 6 and rows[0].startswith("codellama-34b tp2 general   1  real")
+    real, model, scaled = (row[29:].split() for row in rows[3:6])  # the second stage
+    assert real[0] == "real" and model[0] == "model" and scaled[0].startswith("x")
+    assert float(real[5]) == pytest.approx(specs[name].observed.stages[1].ttft_mean_s * 1e3, abs=0.05)
+    assert float(scaled[1]) == pytest.approx(float(real[1]), rel=0.01)  # the cycle, matched
+    assert float(scaled[0][1:]) * float(model[1]) == pytest.approx(float(real[1]), rel=0.05)
+    assert max(len(line) for line in lines) <= 80

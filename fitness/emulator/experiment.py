@@ -94,11 +94,12 @@ def _experiment_seeds(seed: int, index: int) -> dict[str, np.random.SeedSequence
     }
 
 
-def _waiting_depth(traj, status: np.ndarray, kept_steps: np.ndarray) -> np.ndarray:
-    """Requests queued at the scheduler after each kept step was scheduled.
+def waiting_depth(traj, status: np.ndarray, kept_steps: np.ndarray, timeout_s: float = CLIENT_TIMEOUT_S) -> np.ndarray:
+    """Requests queued at the scheduler after each kept step was scheduled (what the
+    tracer's ``queue.waiting_depth`` counts).
 
-    A request waits from its enqueue until its first admission (or its client-side abort),
-    and again between a preemption and its re-admission.
+    A request waits from its enqueue until its first admission (or its client-side abort,
+    TIMEOUT_S after it was sent), and again between a preemption and its re-admission.
     """
     start = traj.step_start_us
     n_steps = len(start)
@@ -108,7 +109,7 @@ def _waiting_depth(traj, status: np.ndarray, kept_steps: np.ndarray) -> np.ndarr
     first = np.searchsorted(start, enq[ok], side="left")
     end = traj.admit_step[ok].copy()
     never = end < 0
-    deadline = np.searchsorted(start, traj.send_us[ok] + CLIENT_TIMEOUT_S * 1e6, side="left")
+    deadline = np.searchsorted(start, traj.send_us[ok] + timeout_s * 1e6, side="left")
     end[never] = np.where(status[ok][never] == ABORTED, deadline[never], n_steps)
     diff = np.zeros(n_steps + 1, dtype=np.int64)
     np.add.at(diff, np.minimum(first, n_steps), 1)
@@ -216,7 +217,7 @@ def generate_experiment(
 
     status = result.requests.status
     finished_at = np.bincount(traj.last_step[traj.last_step >= 0], minlength=n_steps)
-    waiting = _waiting_depth(traj, status, kept)
+    waiting = waiting_depth(traj, status, kept)
     blocks_total = result.kv_capacity_blocks
     used = np.minimum(_kv_blocks_used(traj, load, kept), blocks_total)
     free = blocks_total - used

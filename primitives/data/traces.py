@@ -79,8 +79,9 @@ class StepData:
 
     ``steps`` has one row per sampled step: experiment, model, tp, gpu, step_id,
     ts_start_us, cycle_time_us (NaN where the next step was not sampled) and the
-    aggregate features. ``requests`` (optional) has one row per request in a step:
-    step_row (row index into ``steps``), progress, new_tokens, input_len, output_len.
+    aggregate features; ``waiting_depth`` too where the trace has ``queue.waiting_depth``.
+    ``requests`` (optional) has one row per request in a step: step_row (row index into
+    ``steps``), progress, new_tokens, input_len, output_len.
     """
 
     steps: pd.DataFrame
@@ -206,6 +207,8 @@ def load_trace(path: Path | str) -> StepData:
     )
     for src, dst in AGGREGATE_MAP.items():
         steps[dst] = num[src]
+    if "queue.waiting_depth" in df.columns:  # optional: the scheduler's queue (benchmarks/trace_checks.py)
+        steps["waiting_depth"] = _numeric(df, "queue.waiting_depth", step_path, "a non-negative request count")
     steps["source_row"] = np.arange(len(df))
     steps = steps.sort_values(["experiment", "step_id"], kind="stable").reset_index(drop=True)
 
