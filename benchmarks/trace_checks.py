@@ -17,22 +17,24 @@
    without the first window (where a run's first, cold-cache prefills sit).
 3. **The queue at each load stage** (with ``--run-dir`` and ``--id``; traces whose
    experiment folder is in ``../shared/data/experiments``). Per stage, from
-   ``QUEUE_SKIP_S`` into it: the mean cycle time, the mean and spread of the batch
-   (requests per step), the share of steps after which requests wait to be admitted; and
-   the whole stage's mean TTFT. For the real run (its trace and its client), for the
-   archived model simulated (``--draws`` draws of the load), and for the model scaled to
-   the cycle time the trace measured in that stage. The last row tells the simulator's
-   queueing apart from the model's step price: near ``max_num_seqs`` a few percent of
-   step time move the queue, and the TTFT with it, by tens of percent.
+   ``QUEUE_SKIP_S`` into it: the mean cycle time of every step (from the step ids); the
+   mean and spread of the requests holding a slot (``queue.running_depth``); the share
+   of steps with every slot held and with requests waiting; the whole stage's mean TTFT.
+   For the real run (its trace and its client), for the archived model simulated
+   (``--draws`` draws of the load; how many of them put the TTFT below the real one),
+   and for the model scaled until its simulated cycle time is the trace's. The last row
+   tells the simulator's queueing apart from the model's step price: near
+   ``max_num_seqs`` a few percent of step time move the queue, and the TTFT with it, by
+   tens of percent.
 
 Usage::
 
-    python benchmarks/trace_checks.py [--shared DIR] [--data TRACES] [--run-dir D --id ID [--draws N]]
+    python benchmarks/trace_checks.py [--shared DIR] [--data TRACES]
+        [--run-dir D --id ID [--draws N] [--step-scatter TRACES]]
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 from functools import partial
@@ -44,9 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from archive.rundir import RunDir  # noqa: E402
 from archive.store import ArchiveStore  # noqa: E402
+from evolve.cli_parser import OneLineParser, load_draws_arg  # noqa: E402
 from evolve.report import short_experiment_name  # noqa: E402
+from evolve.validation import measured_step_scatter  # noqa: E402
 from fitness.dataset import build_step_table  # noqa: E402
-from fitness.emulator.experiment import waiting_depth  # noqa: E402
 from fitness.kv_sharing import run_seed, trace_kv_sharing  # noqa: E402
 from fitness.sim.engine import simulate  # noqa: E402
 from fitness.sim.models import ExpressionLatencyModel  # noqa: E402
@@ -56,7 +59,7 @@ from primitives.data.roots import shared_data_root  # noqa: E402
 from primitives.data.traces import load_steps  # noqa: E402
 from primitives.deployment import default_resolver  # noqa: E402
 from primitives.errors import InputError  # noqa: E402
-from primitives.language import evaluate_expr, parse_infix  # noqa: E402
+from primitives.language import evaluate_expr, parse_infix, scaled_expression  # noqa: E402
 
 LARGE_PREFILL_TOKENS = 100
 STEADY_AFTER_S = 60.0  # the first seconds are compared with the windows after the first minute
@@ -66,7 +69,10 @@ WINDOW_STARTS_S = (0, 2, 4, 6, 8, 10, 12, 14)
 SPAN_S = 12.0  # the last columns: every step of the first SPAN_S seconds, and without the first window
 QUEUE_SKIP_S = 30.0  # check 3 leaves out each stage's first seconds, while its batch fills
 QUEUE_DRAWS = 3
-SCALE_ROUNDS = 3  # secant rounds of the scale that puts the model's cycle on the trace's
+SCALE_ROUNDS = 4  # secant rounds of the scale that puts the model's cycle time on the trace's
+SCALE_TOLERANCE = 1e-3  # close enough: no more rounds
+SCALE_MATCH = 0.01  # a scaled row further than this from the trace's cycle time says "no fit"
+SCALE_LIMITS = (0.25, 4.0)
 
 
 def short(experiment: str) -> str:
@@ -105,14 +111,19 @@ def prefill_in_traces(steps, resolver) -> list[str]:
     return out
 
 
+def id_rate_cycle_us(start_s: np.ndarray, step_id: np.ndarray, k: np.ndarray) -> float:
+    """The mean cycle (µs) of every step from sample K[0] to K[-1], sampled or not (the
+    ids count them; idle time between steps included)."""
+    return float((start_s[k[-1]] - start_s[k[0]]) * 1e6 / (step_id[k[-1]] - step_id[k[0]]))
+
+
 def window_cycle(start_s, step_id, busy, model_us, lo_s: float, hi_s: float):
     """(mean cycle µs over every step, mean model time µs of the sampled ones) in [LO_S, HI_S),
     or None with under 3 sampled steps or an idle engine between two of them."""
     k = np.flatnonzero((start_s >= lo_s) & (start_s < hi_s))
     if len(k) < 3 or not busy[k[:-1]].all():  # an empty engine idles: that is no cycle
         return None
-    cycle_us = (start_s[k[-1]] - start_s[k[0]]) * 1e6 / (step_id[k[-1]] - step_id[k[0]])
-    return cycle_us, model_us[k[:-1]].mean()  # the last sample's step lies outside the span
+    return id_rate_cycle_us(start_s, step_id, k), model_us[k[:-1]].mean()  # the last sample's step is outside
 
 
 def window_ratio(start_s, step_id, busy, model_us, lo_s: float, hi_s: float) -> float | None:
@@ -164,134 +175,187 @@ def first_seconds(data, resolver, entry, kv_sharing) -> list[str]:
 
 @dataclass
 class StepSeries:
-    """Steps of one run in time order: start (s from the run's first), cycle (µs, NaN
-    where unknown), requests in the batch, requests waiting after scheduling (or None)."""
+    """Steps of one run in time order: start (s from the run's first step), id (steps
+    between two are the ones not sampled), requests holding a slot and requests waiting
+    after scheduling (None where unknown)."""
 
     start_s: np.ndarray
-    cycle_us: np.ndarray
-    batch: np.ndarray
+    step_id: np.ndarray
+    running: np.ndarray | None
     waiting: np.ndarray | None
 
 
-def stage_stats(steps: StepSeries, lo_s: float, hi_s: float) -> dict | None:
-    """Mean cycle (ms), mean and sd of the batch, share of steps with a queue, over the
-    steps that start in [LO_S, HI_S); None with under 3."""
-    k = (steps.start_s >= lo_s) & (steps.start_s < hi_s)
-    if k.sum() < 3:
+def share(values: np.ndarray | None, test) -> float:
+    """The share of finite VALUES that pass TEST (NaN: no values)."""
+    finite = values[np.isfinite(values)] if values is not None else np.zeros(0)
+    return float(test(finite).mean()) if len(finite) else float("nan")
+
+
+def stage_stats(steps: StepSeries, lo_s: float, hi_s: float, max_running: int) -> dict | None:
+    """Over the steps that start in [LO_S, HI_S): the mean cycle (ms, every step between
+    the first and the last, sampled or not), the running requests' mean and sd, the share
+    of steps with all MAX_RUNNING slots held and with requests waiting; None with under 3."""
+    k = np.flatnonzero((steps.start_s >= lo_s) & (steps.start_s < hi_s))
+    if len(k) < 3:
         return None
-    cycle = steps.cycle_us[k][np.isfinite(steps.cycle_us[k])]
+    running = steps.running[k] if steps.running is not None else None
+    running = running[np.isfinite(running)] if running is not None else np.zeros(0)
     return {
-        "cycle_ms": float(cycle.mean()) / 1e3 if len(cycle) else float("nan"),
-        "batch": float(steps.batch[k].mean()),
-        "sd": float(steps.batch[k].std()),
-        "waiting": float((steps.waiting[k] > 0).mean()) if steps.waiting is not None else float("nan"),
+        "cycle_ms": id_rate_cycle_us(steps.start_s, steps.step_id, k) / 1e3,
+        "running": float(running.mean()) if len(running) else float("nan"),
+        "sd": float(running.std()) if len(running) else float("nan"),
+        "full": share(steps.running[k] if steps.running is not None else None, lambda r: r >= max_running),
+        "waiting": share(steps.waiting[k] if steps.waiting is not None else None, lambda w: w > 0),
     }
 
 
 def trace_series(g) -> StepSeries:
     """A trace's sampled steps (``primitives.data.traces`` columns) as a StepSeries."""
     start_us = g["ts_start_us"].to_numpy(dtype=np.float64)
-    waiting = g["waiting_depth"].to_numpy(dtype=np.float64) if "waiting_depth" in g else None
+    queue = {c: g[c].to_numpy(dtype=np.float64) if c in g else None for c in ("running_depth", "waiting_depth")}
     return StepSeries(
         (start_us - start_us.min()) / 1e6,
-        g["cycle_time_us"].to_numpy(dtype=np.float64),
-        (g["num_prefill_reqs"] + g["num_decode_reqs"]).to_numpy(dtype=np.float64),
-        None if waiting is None or np.isnan(waiting).all() else waiting,
+        g["step_id"].to_numpy(dtype=np.float64),
+        queue["running_depth"],
+        queue["waiting_depth"],
     )
 
 
-def simulated_series(spec, deployment, expression: str, overheads: dict, seed: int, scatter):
-    """(every simulated step as a StepSeries, stage starts in s, each stage's mean TTFT in ms)."""
+@dataclass
+class SimulatedStage:
+    stats: dict | None  # ``stage_stats`` of the stage's window
+    ttft_ms: float  # the stage's mean TTFT (NaN: nothing served)
+    window_s: tuple[float, float]  # from QUEUE_SKIP_S in to the stage's end, s from the first step
+
+
+def simulate_stages(spec, deployment, expression: str, overheads: dict, seed: int, scatter) -> list[SimulatedStage]:
+    """One simulation of SPEC's load with EXPRESSION, per load stage."""
     model = ExpressionLatencyModel(expression, deployment, overheads)
     result = simulate(spec, deployment, model, seed=seed, record=True, step_scales=step_scales(scatter, seed))
-    traj = result.trajectory
-    start_us = traj.step_start_us
-    origin = float(start_us[0])
-    waiting = waiting_depth(traj, result.requests.status, np.arange(traj.n_steps), spec.request_timeout_s)
+    traj, status = result.trajectory, result.requests.status
+    origin_us = float(traj.step_start_us[0])
     series = StepSeries(
-        (start_us - origin) / 1e6, np.r_[np.diff(start_us), np.nan], np.diff(traj.step_offsets).astype(float), waiting
+        (traj.step_start_us - origin_us) / 1e6,
+        np.arange(traj.n_steps, dtype=np.float64),
+        traj.running_depth(status).astype(np.float64),
+        traj.waiting_depth(status, spec.request_timeout_s).astype(np.float64),
     )
-    ttft_ms = [st.ttft_mean_s * 1e3 if st.ttft_mean_s is not None else float("nan") for st in result.metrics.stages]
-    return series, (np.asarray(result.stage_start_us) - origin) / 1e6, ttft_ms
+    out = []
+    for i, (_, duration_s) in enumerate(spec.stages):
+        start_s = (float(result.stage_start_us[i]) - origin_us) / 1e6
+        window = (start_s + QUEUE_SKIP_S, start_s + duration_s)
+        ttft_s = result.metrics.stages[i].ttft_mean_s
+        ttft_ms = ttft_s * 1e3 if ttft_s is not None else float("nan")
+        out.append(SimulatedStage(stage_stats(series, *window, spec.max_num_seqs), ttft_ms, window))
+    return out
 
 
 def mean_stats(stats: list[dict | None]) -> dict | None:
     """Each figure's mean over the draws that have the window (None: no draw has it)."""
     have = [s for s in stats if s is not None]
-    return {k: float(np.mean([s[k] for s in have])) for k in have[0]} if have else None
+    if not have:
+        return None
+    return {k: float(np.mean(v)) if np.isfinite(v := [s[k] for s in have]).any() else float("nan") for k in have[0]}
 
 
-def queue_row(label: str, stats: dict | None, ttft_ms: float) -> str:
-    """One row of check 3 (``stage_stats`` and the stage's mean TTFT), in 76 characters."""
+def cell(value: float, width: int, form: str) -> str:
+    """VALUE in WIDTH characters ('-' where it is not a number)."""
+    return f"{value:{width}{form}}" if np.isfinite(value) else f"{'-':>{width}}"
+
+
+def queue_row(stage: str, label: str, stats: dict | None, ttft_ms: float, below: str = "") -> str:
+    """One row of check 3 (79 characters): ``stage_stats``, the stage's mean TTFT and, for
+    the simulated rows, how many draws' TTFT lie below the real one."""
+    head = f"{stage:<20} {label:<7}"
     if stats is None:
-        return f"{'':<29} {label:<7} {'no steps':>8}"
-    waiting = f"{100 * stats['waiting']:6.1f}%" if np.isfinite(stats["waiting"]) else f"{'-':>7}"
-    ttft = f"{ttft_ms:8.1f}" if np.isfinite(ttft_ms) else f"{'-':>8}"  # no results, or nothing served
-    return f"{'':<29} {label:<7} {stats['cycle_ms']:8.2f} {stats['batch']:6.1f} {stats['sd']:5.1f} {waiting} {ttft}"
+        return f"{head} no steps in this window"
+    return (
+        f"{head} {cell(stats['cycle_ms'], 8, '.2f')} {cell(stats['running'], 7, '.1f')} {cell(stats['sd'], 4, '.1f')}"
+        f" {cell(100 * stats['full'], 5, '.1f')}% {cell(100 * stats['waiting'], 6, '.1f')}%"
+        f" {cell(ttft_ms, 7, '.1f')} {below:>5}"
+    ).rstrip()
 
 
-def queue_by_stage(data, specs: dict, resolver, entry, draws: int) -> list[str]:
-    """Check 3: per experiment and load stage, the real run, the model and the model scaled
-    to the trace's cycle time (``queue_row`` lines)."""
-    scatter = run_scatter(entry.run_config)
+def draws_row(label: str, draws: list[SimulatedStage], observed_ms: float) -> str:
+    """A simulated row: the draws' mean figures."""
+    ttft = np.array([d.ttft_ms for d in draws])
+    below = f"{int((ttft < observed_ms).sum())}/{len(ttft)}" if np.isfinite(observed_ms) else ""
+    mean_ttft = float(np.nanmean(ttft)) if np.isfinite(ttft).any() else float("nan")
+    return queue_row("", label, mean_stats([d.stats for d in draws]), mean_ttft, below)
+
+
+def scaled_row(spec, deployment, entry, draws: int, scatter, i: int, target_ms: float, model) -> tuple[str, list]:
+    """(the row label, the draws) of the model scaled until stage I's simulated cycle time
+    is TARGET_MS: secant rounds on the logs (a slower step holds more requests, which slows
+    it again), the factor within SCALE_LIMITS. The label says so where it does not match."""
+    factor, scaled, elasticity = 1.0, model, 1.0
+    stats = mean_stats([d.stats for d in model])
+    for _ in range(SCALE_ROUNDS):
+        if stats is None or not stats["cycle_ms"] > 0 or abs(stats["cycle_ms"] / target_ms - 1) < SCALE_TOLERANCE:
+            break
+        previous = (factor, stats["cycle_ms"])
+        factor = float(np.clip(factor * (target_ms / previous[1]) ** (1.0 / elasticity), *SCALE_LIMITS))
+        expression = scaled_expression(entry.expression, factor)
+        scaled = [simulate_stages(spec, deployment, expression, entry.overheads, s, scatter)[i] for s in range(draws)]
+        stats = mean_stats([d.stats for d in scaled])
+        if stats is not None and stats["cycle_ms"] > 0 and factor != previous[0] and stats["cycle_ms"] != previous[1]:
+            slope = np.log(stats["cycle_ms"] / previous[1]) / np.log(factor / previous[0])
+            elasticity = float(np.clip(slope, 0.5, 5.0))
+    matched = stats is not None and abs(stats["cycle_ms"] / target_ms - 1) <= SCALE_MATCH
+    return (f"x{factor:.3f}" if matched else "no fit"), scaled
+
+
+def queue_by_stage(data, specs: dict, resolver, entry, draws: int, scatter) -> list[str]:
+    """Check 3: per experiment and load stage, the real run, the model simulated and the
+    model scaled until its simulated cycle time is the trace's (``queue_row`` lines)."""
     out = [
         f"the queue per load stage, from {QUEUE_SKIP_S:.0f} s in: the real run, {entry.id} ({draws} draws),",
-        "and the model scaled to the cycle time the trace measured",
-        f"{'experiment':<26} st {'':<7} {'cycle ms':>8} {'batch':>6} {'sd':>5} {'waiting':>7} {'TTFT ms':>8}",
+        "and the model scaled to the trace's cycle time",
+        "(full: every max_num_seqs slot held; below: draws with a TTFT under the real)",
+        f"{'experiment, stage':<20} {'':<7} {'cycle ms':>8} {'running':>7} {'sd':>4} {'full':>6} {'waiting':>7}"
+        f" {'TTFT ms':>7} {'below':>5}",
     ]
     for name in sorted(data.steps["experiment"].unique()):
         spec = specs.get(name)
         if spec is None:
             out.append(f"{short(name):<26} no experiment folder of this name: skipped")
             continue
+        out.append(short(name))
         dep = resolver.resolve_experiment(spec)
         real = trace_series(data.steps.loc[data.steps["experiment"] == name])
-        runs = [simulated_series(spec, dep, entry.expression, entry.overheads, s, scatter) for s in range(draws)]
-        for i, (_, duration_s) in enumerate(spec.stages):
-            window = lambda starts, i=i, d=duration_s: (starts[i] + QUEUE_SKIP_S, starts[i] + d)  # noqa: E731
-            model = mean_stats([stage_stats(series, *window(starts)) for series, starts, _ in runs])
-            real_stats = stage_stats(real, *window(runs[0][1]))
-            observed = spec.observed.stages[i].ttft_mean_s if spec.observed and i < len(spec.observed.stages) else None
-            lines = [
-                queue_row("real", real_stats, observed * 1e3 if observed is not None else float("nan")),
-                queue_row("model", model, float(np.mean([ttft[i] for _, _, ttft in runs]))),
-            ]
-            factor, stats, scaled, elasticity = 1.0, model, runs, 1.0
-            for _ in range(SCALE_ROUNDS):  # a slower step holds more requests, which slows it again
-                if not (real_stats and stats and np.isfinite(real_stats["cycle_ms"]) and stats["cycle_ms"] > 0):
-                    break
-                previous = (factor, stats["cycle_ms"])
-                factor *= (real_stats["cycle_ms"] / stats["cycle_ms"]) ** (1.0 / elasticity)
-                scaled = [
-                    simulated_series(spec, dep, f"{factor!r}*({entry.expression})", entry.overheads, s, scatter)
-                    for s in range(draws)
-                ]
-                stats = mean_stats([stage_stats(series, *window(starts)) for series, starts, _ in scaled])
-                if stats and factor != previous[0] and stats["cycle_ms"] > 0:  # the secant's slope, in logs
-                    slope = np.log(stats["cycle_ms"] / previous[1]) / np.log(factor / previous[0])
-                    elasticity = float(np.clip(slope, 0.5, 5.0)) if np.isfinite(slope) else elasticity
-            if scaled is not runs:
-                lines.append(queue_row(f"x{factor:.3f}", stats, float(np.mean([ttft[i] for _, _, ttft in scaled]))))
-            lines[0] = f"{short(name):<26} {i + 1:>2}" + lines[0][28:]
-            out.extend(lines)
+        runs = [simulate_stages(spec, dep, entry.expression, entry.overheads, s, scatter) for s in range(draws)]
+        for i, (rate, _) in enumerate(spec.stages):
+            # the trace's clock starts at its first sampled step, the simulation's at its
+            # first step: the real window is the first draw's
+            real_stats = stage_stats(real, *runs[0][i].window_s, spec.max_num_seqs)
+            obs = spec.observed.stages[i].ttft_mean_s if spec.observed and i < len(spec.observed.stages) else None
+            observed_ms = obs * 1e3 if obs is not None else float("nan")
+            model = [run[i] for run in runs]
+            out.append(queue_row(f"  {i + 1}  {rate:g} req/s", "real", real_stats, observed_ms))
+            out.append(draws_row("model", model, observed_ms))
+            if real_stats is not None and np.isfinite(real_stats["cycle_ms"]) and real_stats["cycle_ms"] > 0:
+                label, scaled = scaled_row(spec, dep, entry, draws, scatter, i, real_stats["cycle_ms"], model)
+                out.append(draws_row(label, scaled, observed_ms))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="python benchmarks/trace_checks.py", description=__doc__.splitlines()[0])
     ap.add_argument("--shared", type=Path, default=shared_data_root(), help="the shared folder (default ../shared)")
     ap.add_argument("--data", type=Path, help="step traces to check (default: the shared folder's data/steps)")
     ap.add_argument("--run-dir", type=Path, help="run directory of the archived model for checks 2 and 3 (with --id)")
     ap.add_argument("--id", help="archive entry id (or prefix) for checks 2 and 3 (with --run-dir)")
     ap.add_argument(
-        "--draws", type=int, default=QUEUE_DRAWS, help=f"check 3: draws of the load (default {QUEUE_DRAWS})"
+        "--draws", type=load_draws_arg, default=QUEUE_DRAWS, help=f"check 3: draws of the load (default {QUEUE_DRAWS})"
+    )
+    ap.add_argument(
+        "--step-scatter",
+        type=Path,
+        help="check 3: the simulated steps scatter as these traces' do (default: as the archived run's)",
     )
     args = ap.parse_args(argv)
     if (args.run_dir is None) != (args.id is None):
         print("--run-dir and --id: give both (checks 2 and 3) or neither", file=sys.stderr)
-        return 2
-    if args.draws < 1:
-        print(f"--draws: expected a whole number >= 1, got {args.draws}", file=sys.stderr)
         return 2
     steps_dir = args.data or args.shared / "data" / "steps"
     experiments = args.shared / "data" / "experiments"
@@ -311,7 +375,13 @@ def main(argv: list[str] | None = None) -> int:
             sharing = trace_kv_sharing(data, experiments, resolver, seed) if experiments.is_dir() else None
             tables.append(first_seconds(data, resolver, entry, sharing))
             specs = {s.name: s for s in find_experiments(experiments)} if experiments.is_dir() else {}
-            tables.append(queue_by_stage(data, specs, resolver, entry, args.draws))
+            if args.step_scatter is not None:
+                if not args.step_scatter.exists():
+                    raise InputError(args.step_scatter, None, "no such file or directory (--step-scatter)")
+                scatter = measured_step_scatter(args.step_scatter, resolver)
+            else:
+                scatter = run_scatter(entry.run_config)
+            tables.append(queue_by_stage(data, specs, resolver, entry, args.draws, scatter))
     except InputError as err:
         print(err, file=sys.stderr)
         return 2

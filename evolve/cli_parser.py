@@ -46,7 +46,7 @@ _nonnegative_int = _number_arg(int, lambda v: v >= 0, "a number >= 0")
 _jobs = _number_arg(int, lambda v: v >= 1 or v == -1, "a number >= 1 (or -1 for every core)")
 _seed = _number_arg(int, lambda v: 0 <= v <= MAX_SEED, f"a seed in 0..{MAX_SEED}")
 _scale = _number_arg(float, lambda v: 0.1 <= v <= 10, "a factor in 0.1..10", "a number")
-_load_draws = _number_arg(int, lambda v: 1 <= v <= MAX_LOAD_DRAWS, f"a number in 1..{MAX_LOAD_DRAWS}")
+load_draws_arg = _number_arg(int, lambda v: 1 <= v <= MAX_LOAD_DRAWS, f"a number in 1..{MAX_LOAD_DRAWS}")
 _positive_float = _number_arg(
     float, lambda v: math.isfinite(v) and v > 0, "a positive number of seconds", "a number of seconds"
 )
@@ -111,7 +111,7 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--load-draws",
-        type=_load_draws,
+        type=load_draws_arg,
         metavar="N",
         help="fit the replayed means to the mean of N draws of each experiment's load (seeds S, S+1, ...)"
         " and check the front on as many (default 1)",
@@ -166,7 +166,7 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--load-draws",
-        type=_load_draws,
+        type=load_draws_arg,
         default=1,
         metavar="N",
         help="simulate each experiment with N draws of the load (arrival times, prompt lengths) and"

@@ -53,7 +53,7 @@ from primitives.data.experiments import ExperimentSpec, find_experiments
 from primitives.data.traces import load_steps
 from primitives.deployment import DeploymentResolver
 from primitives.errors import InputError
-from primitives.language import parse_infix
+from primitives.language import parse_infix, scaled_expression
 
 
 def _plot_path(entry, suffix: str, plot_dir: Path | None = None) -> Path:
@@ -115,7 +115,7 @@ def validate_entry(
         return _transfer(
             entry, experiments_dir, mode, resolver, jobs, seed, plot_dir, refit_rounds, load_draws, step_scatter
         )
-    expression = entry.expression if step_time_scale == 1.0 else f"{step_time_scale!r}*({entry.expression})"
+    expression = entry.expression if step_time_scale == 1.0 else scaled_expression(entry.expression, step_time_scale)
     items = closed_loop_items(specs, resolver, expression, entry.overheads, seed, jobs, True, load_draws, step_scatter)
     what_if = "" if step_time_scale == 1.0 else f"-x{step_time_scale:g}"  # a what-if keeps the real plot
     title = f"{entry.id}: closed-loop validation" + (f", step time x{step_time_scale:g}" if what_if else "")

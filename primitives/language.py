@@ -194,6 +194,11 @@ SCALAR_MODULES = [{"pdiv": scalar_pdiv, "Max": max, "Min": min}, "math"]
 
 
 # --- programs -----------------------------------------------------------------
+def scaled_expression(expression: str, factor: float) -> str:
+    """EXPRESSION (infix) with its value times FACTOR: a what-if of a model's step time."""
+    return f"{factor!r}*({expression})"
+
+
 def subtree_end(program: Program, start: int) -> int:
     """Index one past the subtree rooted at ``start``."""
     need = 1

@@ -10,7 +10,6 @@ from conftest import load_benchmark, small_trace
 
 from primitives.data.traces import load_steps
 from primitives.deployment import default_resolver
-from primitives.errors import InputError
 
 
 def _trace_checks():
@@ -121,62 +120,77 @@ def test_stage_stats_over_a_window():
     tc = _trace_checks()
     steps = tc.StepSeries(
         start_s=np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0]),
-        cycle_us=np.array([10e3, np.nan, 30e3, 20e3, 99e3, np.nan]),
-        batch=np.array([1.0, 10.0, 20.0, 30.0, 40.0, 50.0]),
+        step_id=np.array([0.0, 10.0, 30.0, 40.0, 90.0, 100.0]),
+        running=np.array([1.0, 10.0, 128.0, np.nan, 128.0, 50.0]),
         waiting=np.array([0.0, 0.0, 3.0, 0.0, 1.0, 0.0]),
     )
-    got = tc.stage_stats(steps, 1.0, 5.0)  # steps 1-4: one cycle unknown
-    assert got["cycle_ms"] == pytest.approx((30 + 20 + 99) / 3)
-    assert got["batch"] == pytest.approx(25.0) and got["sd"] == pytest.approx(np.std([10, 20, 30, 40]))
+    got = tc.stage_stats(steps, 1.0, 5.0, 128)  # samples 1-4: 3 s over 80 steps
+    assert got["cycle_ms"] == pytest.approx(3000 / 80)
+    assert got["running"] == pytest.approx(266 / 3) and got["sd"] == pytest.approx(np.std([10, 128, 128]))
+    assert got["full"] == pytest.approx(2 / 3)  # the unknown depth is left out
     assert got["waiting"] == pytest.approx(0.5)
-    assert tc.stage_stats(steps, 4.0, 9.0) is None  # under 3 steps
-    no_queue = tc.StepSeries(steps.start_s, steps.cycle_us, steps.batch, None)
-    line = tc.queue_row("real", tc.stage_stats(no_queue, 0.0, 9.0), 57.0)
-    assert line.split() == ["real", "39.75", "25.2", "16.8", "-", "57.0"]  # a trace without the queue's depth
-    assert tc.queue_row("model", None, 1.0).split() == ["model", "no", "steps"]
+    assert tc.stage_stats(steps, 4.0, 9.0, 128) is None  # under 3 samples
+    no_queue = tc.StepSeries(steps.start_s, steps.step_id, None, None)
+    line = tc.queue_row("  2  20 req/s", "real", tc.stage_stats(no_queue, 0.0, 9.0, 128), 57.0)
+    assert line.split() == ["2", "20", "req/s", "real", "50.00", "-", "-", "-%", "-%", "57.0"]
+    assert tc.queue_row("", "model", None, 1.0).split() == ["model", "no", "steps", "in", "this", "window"]
+    assert max(len(line), len(tc.queue_row("x" * 20, "x1.000", got, 1e4, "10/10"))) <= 80
 
 
-def test_the_loader_keeps_the_queue_depth_where_a_trace_has_it(tmp_path):
+def test_the_loader_keeps_the_queue_depths_where_a_trace_has_them(tmp_path):
     trace = small_trace(30)
     trace.to_csv(tmp_path / "a.csv", index=False)
-    assert "waiting_depth" not in load_steps([tmp_path / "a.csv"]).steps
+    assert {"running_depth", "waiting_depth"}.isdisjoint(load_steps([tmp_path / "a.csv"]).steps)
     trace["queue.waiting_depth"] = np.arange(30)[::-1]
+    trace["queue.running_depth"] = trace["batch.num_decode_reqs"]
+    trace.loc[3, "queue.waiting_depth"] = -1  # informative only: a bad value is unknown, not an error
     trace.to_csv(tmp_path / "b.csv", index=False)
     steps = load_steps([tmp_path / "b.csv"]).steps
-    assert steps["waiting_depth"].tolist() == list(range(30))[::-1]  # in step order, with its rows
-    trace.loc[3, "queue.waiting_depth"] = -1
-    trace.to_csv(tmp_path / "c.csv", index=False)
-    with pytest.raises(InputError, match="queue.waiting_depth"):
-        load_steps([tmp_path / "c.csv"])
+    expected = np.arange(30.0)[::-1]
+    expected[3] = np.nan
+    assert np.array_equal(steps["waiting_depth"].to_numpy(), expected, equal_nan=True)  # in step order
+    assert steps["running_depth"].tolist() == trace["batch.num_decode_reqs"].tolist()
 
 
 def test_queue_by_stage_skips_traces_without_an_experiment_folder():
     tc = _trace_checks()
     data = SimpleNamespace(steps=pd.DataFrame({"experiment": ["20260101-000000-tiny-tp1-general"]}))
     entry = SimpleNamespace(id="model", expression="1000", overheads={}, run_config={})
-    lines = tc.queue_by_stage(data, {}, default_resolver(), entry, 1)
+    lines = tc.queue_by_stage(data, {}, default_resolver(), entry, 1, None)
     assert lines[-1].startswith("tiny tp1 general") and lines[-1].endswith("skipped")
 
 
 def test_queue_by_stage_on_a_real_trace(shared_data):
-    """The model's rows come from simulations of the experiment; the scaled row puts the
-    simulated cycle time on the trace's (a fixed point in SCALE_ROUNDS rounds)."""
+    """The real row is the trace's own figures; the model's are one simulation of each
+    stage; the scaled row puts the simulated cycle time on the trace's. The model is 10%
+    cheap on purpose, so that the scaling has work to do."""
     from primitives.data.experiments import find_experiments
 
     tc = _trace_checks()
     name = "20260218-150304-codellama-34b-tp2-general"
+    raw = pd.read_parquet(shared_data / "steps" / "step_traces.parquet")
+    raw = raw[raw["experiment_id"] == name].sort_values("step.id")
     data = load_steps([shared_data / "steps"])
     data.steps = data.steps.loc[data.steps["experiment"] == name]
-    specs = {s.name: s for s in find_experiments(shared_data / "experiments") if s.name == name}
+    spec = next(s for s in find_experiments(shared_data / "experiments") if s.name == name)
     entry = SimpleNamespace(
         id="model", expression="1.1*gemm_time_us + 1.1*kv_io_time_us + 1500*tp", overheads={}, run_config={}
     )
-    lines = tc.queue_by_stage(data, specs, default_resolver(), entry, 1)
-    rows = lines[3:]
-    assert len(rows) == 6 and rows[0].startswith("codellama-34b tp2 general   1  real")
-    real, model, scaled = (row[29:].split() for row in rows[3:6])  # the second stage
-    assert real[0] == "real" and model[0] == "model" and scaled[0].startswith("x")
-    assert float(real[5]) == pytest.approx(specs[name].observed.stages[1].ttft_mean_s * 1e3, abs=0.05)
-    assert float(scaled[1]) == pytest.approx(float(real[1]), rel=0.01)  # the cycle, matched
-    assert float(scaled[0][1:]) * float(model[1]) == pytest.approx(float(real[1]), rel=0.05)
-    assert max(len(line) for line in lines) <= 80
+    lines = tc.queue_by_stage(data, {name: spec}, default_resolver(), entry, 1, None)
+    assert lines[4] == "codellama-34b tp2 general" and max(len(line) for line in lines) <= 80
+    real, model, scaled = (line[21:].split() for line in lines[8:11])  # the second stage
+    assert lines[8].startswith("  2  20 req/s") and (real[0], model[0]) == ("real", "model")
+    # the real row against the trace itself, from the first draw's window of the stage
+    (stage,) = tc.simulate_stages(spec, default_resolver().resolve_experiment(spec), entry.expression, {}, 0, None)[1:]
+    t_s = (raw["step.ts_start_ns"] - raw["step.ts_start_ns"].min()).to_numpy() / 1e9
+    w = raw[(t_s >= stage.window_s[0]) & (t_s < stage.window_s[1])]
+    span_ms = (w["step.ts_start_ns"].iloc[-1] - w["step.ts_start_ns"].iloc[0]) / 1e6
+    assert float(real[1]) == pytest.approx(span_ms / (w["step.id"].iloc[-1] - w["step.id"].iloc[0]), abs=0.006)
+    assert float(real[2]) == pytest.approx(w["queue.running_depth"].mean(), abs=0.06)
+    assert real[6] == f"{spec.observed.stages[1].ttft_mean_s * 1e3:.1f}"
+    # the model's row is its simulation's second stage, not the first
+    assert float(model[1]) == pytest.approx(stage.stats["cycle_ms"], abs=0.006)
+    assert float(model[6]) == pytest.approx(stage.ttft_ms, abs=0.06) and model[5] != "-%"
+    assert float(model[1]) < 0.95 * float(real[1])  # the model is cheap ...
+    assert scaled[0].startswith("x") and float(scaled[0][1:]) > 1.05  # ... so it is scaled up
+    assert float(scaled[1]) == pytest.approx(float(real[1]), rel=tc.SCALE_MATCH)

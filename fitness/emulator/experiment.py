@@ -35,7 +35,6 @@ from fitness.emulator.workloads import (
 )
 from fitness.sim.engine import simulate
 from fitness.sim.loadgen import build_load
-from fitness.sim.recording import ABORTED, REJECTED
 from primitives.deployment import KV_BLOCK_TOKENS, DeploymentResolver
 
 DEFAULT_SEED = 0
@@ -92,41 +91,6 @@ def _experiment_seeds(seed: int, index: int) -> dict[str, np.random.SeedSequence
         "sample": sample_seq,
         "cpu": cpu_seq,
     }
-
-
-def waiting_depth(traj, status: np.ndarray, kept_steps: np.ndarray, timeout_s: float = CLIENT_TIMEOUT_S) -> np.ndarray:
-    """Requests queued at the scheduler after each kept step was scheduled (what the
-    tracer's ``queue.waiting_depth`` counts).
-
-    A request waits from its enqueue until its first admission (or its client-side abort,
-    TIMEOUT_S after it was sent), and again between a preemption and its re-admission.
-    """
-    start = traj.step_start_us
-    n_steps = len(start)
-    enq = traj.send_us + traj.queueing_us
-    # first wait: [first step starting at/after enqueue, admission step)
-    ok = np.isfinite(enq) & (status != REJECTED)
-    first = np.searchsorted(start, enq[ok], side="left")
-    end = traj.admit_step[ok].copy()
-    never = end < 0
-    deadline = np.searchsorted(start, traj.send_us[ok] + timeout_s * 1e6, side="left")
-    end[never] = np.where(status[ok][never] == ABORTED, deadline[never], n_steps)
-    diff = np.zeros(n_steps + 1, dtype=np.int64)
-    np.add.at(diff, np.minimum(first, n_steps), 1)
-    np.add.at(diff, np.minimum(np.maximum(end, first), n_steps), -1)
-    # re-waits after preemption: a request's progress falls between two of its rows
-    if traj.step_preemptions.sum() > 0:
-        req = traj.batch_request
-        step = traj.batch_step
-        order = np.lexsort((step, req))
-        r, s = req[order], step[order]
-        p, n = traj.batch_progress[order], traj.batch_new_tokens[order]
-        same = r[1:] == r[:-1]
-        fell = same & (p[1:] < p[:-1] + n[:-1])
-        np.add.at(diff, s[:-1][fell] + 1, 1)
-        np.add.at(diff, s[1:][fell], -1)
-    depth = np.cumsum(diff)[:n_steps]
-    return depth[kept_steps]
 
 
 def _kv_blocks_used(traj, load, kept_steps: np.ndarray) -> np.ndarray:
@@ -217,7 +181,7 @@ def generate_experiment(
 
     status = result.requests.status
     finished_at = np.bincount(traj.last_step[traj.last_step >= 0], minlength=n_steps)
-    waiting = waiting_depth(traj, status, kept)
+    waiting = traj.waiting_depth(status, CLIENT_TIMEOUT_S)[kept]
     blocks_total = result.kv_capacity_blocks
     used = np.minimum(_kv_blocks_used(traj, load, kept), blocks_total)
     free = blocks_total - used

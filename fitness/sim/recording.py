@@ -138,6 +138,48 @@ class Trajectory:
             batch_request=empty,
         )
 
+    def running_depth(self, status: np.ndarray) -> np.ndarray:
+        """Requests holding a slot while each step was scheduled, as the tracer's
+        ``queue.running_depth`` counts them: the step's batch, and the requests that
+        finished in the step before (``fitness.sim.scheduler`` releases their slots once
+        this step is scheduled)."""
+        last = self.last_step[(status == FINISHED) & (self.last_step >= 0)]
+        held = np.bincount(last + 1, minlength=self.n_steps + 1)[: self.n_steps]
+        return np.diff(self.step_offsets) + held
+
+    def waiting_depth(self, status: np.ndarray, timeout_s: float) -> np.ndarray:
+        """Requests queued at the scheduler after each step was scheduled, as the tracer's
+        ``queue.waiting_depth`` counts them.
+
+        A request waits from its enqueue until its first admission (or its client-side
+        abort, TIMEOUT_S after it was sent), and again between a preemption and its
+        re-admission.
+        """
+        start = self.step_start_us
+        n_steps = len(start)
+        enq = self.send_us + self.queueing_us
+        # first wait: [first step starting at/after enqueue, admission step)
+        ok = np.isfinite(enq) & (status != REJECTED)
+        first = np.searchsorted(start, enq[ok], side="left")
+        end = self.admit_step[ok].copy()
+        never = end < 0
+        deadline = np.searchsorted(start, self.send_us[ok] + timeout_s * 1e6, side="left")
+        end[never] = np.where(status[ok][never] == ABORTED, deadline[never], n_steps)
+        diff = np.zeros(n_steps + 1, dtype=np.int64)
+        np.add.at(diff, np.minimum(first, n_steps), 1)
+        np.add.at(diff, np.minimum(np.maximum(end, first), n_steps), -1)
+        # re-waits after preemption: a request's progress falls between two of its rows
+        if self.step_preemptions.sum() > 0:
+            req = self.batch_request
+            order = np.lexsort((self.batch_step, req))
+            r, k = req[order], self.batch_step[order]
+            p, n = self.batch_progress[order], self.batch_new_tokens[order]
+            same = r[1:] == r[:-1]
+            fell = same & (p[1:] < p[:-1] + n[:-1])
+            np.add.at(diff, k[:-1][fell] + 1, 1)
+            np.add.at(diff, k[1:][fell], -1)
+        return np.cumsum(diff)[:n_steps]
+
     def batch(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         a, b = self.step_offsets[k], self.step_offsets[k + 1]
         return (

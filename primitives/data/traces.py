@@ -64,6 +64,9 @@ COLUMN_UPPER = {
 }
 REQUEST_COLUMNS = ("experiment_id", "step.id", "progress", "new_tokens", "input_len", "output_len")
 
+# optional columns kept where a trace has them (NaN where a value is not a count): requests
+# holding a slot, and queued, after scheduling
+QUEUE_MAP = {"queue.running_depth": "running_depth", "queue.waiting_depth": "waiting_depth"}
 # canonical step columns (aggregate features keep their registry names)
 AGGREGATE_MAP = {
     "batch.prefill_tokens": "prefill_tokens",
@@ -79,7 +82,8 @@ class StepData:
 
     ``steps`` has one row per sampled step: experiment, model, tp, gpu, step_id,
     ts_start_us, cycle_time_us (NaN where the next step was not sampled) and the
-    aggregate features; ``waiting_depth`` too where the trace has ``queue.waiting_depth``.
+    aggregate features; ``running_depth`` and ``waiting_depth`` too where the trace has
+    them (``QUEUE_MAP``).
     ``requests`` (optional) has one row per request in a step: step_row (row index into
     ``steps``), progress, new_tokens, input_len, output_len.
     """
@@ -207,8 +211,10 @@ def load_trace(path: Path | str) -> StepData:
     )
     for src, dst in AGGREGATE_MAP.items():
         steps[dst] = num[src]
-    if "queue.waiting_depth" in df.columns:  # optional: the scheduler's queue (benchmarks/trace_checks.py)
-        steps["waiting_depth"] = _numeric(df, "queue.waiting_depth", step_path, "a non-negative request count")
+    for src, dst in QUEUE_MAP.items():  # optional, informative only: a bad value is NaN, never an error
+        if src in df.columns:
+            depth = pd.to_numeric(df[src], errors="coerce").to_numpy(dtype=np.float64)
+            steps[dst] = np.where(np.isfinite(depth) & (depth >= 0), depth, np.nan)
     steps["source_row"] = np.arange(len(df))
     steps = steps.sort_values(["experiment", "step_id"], kind="stable").reset_index(drop=True)
 

@@ -1,0 +1,31 @@
+"""What a simulated run says the scheduler's queues held after each step was scheduled
+(``Trajectory.running_depth`` and ``waiting_depth``, the tracer's ``queue.*`` columns)."""
+
+import numpy as np
+from test_bad_input import EXP_CONFIG, _experiment
+
+from fitness.sim.engine import simulate
+from fitness.sim.models import ExpressionLatencyModel
+from fitness.sim.recording import FINISHED
+from primitives.data.experiments import load_experiment
+from primitives.deployment import DeploymentResolver
+
+
+def test_a_queue_forms_only_while_every_slot_is_held(tmp_path):
+    # two slots, 200 ms steps: a request of 20 tokens holds its slot for about 4 s, and
+    # one arrives every second, so requests queue
+    spec = load_experiment(_experiment(tmp_path, exp_config=EXP_CONFIG.replace("max_num_seqs: 128", "max_num_seqs: 2")))
+    dep = DeploymentResolver().resolve_experiment(spec)
+    result = simulate(spec, dep, ExpressionLatencyModel("200000", dep, {}), seed=0, record=True)
+    traj, status = result.trajectory, result.requests.status
+    running = traj.running_depth(status)
+    waiting = traj.waiting_depth(status, spec.request_timeout_s)
+    batch = np.diff(traj.step_offsets)
+    assert (status == FINISHED).all() and waiting.max() >= 1
+    assert running.max() == 2 and (running[waiting > 0] == 2).all()  # nobody waits beside a free slot
+    # a request that finished in step k-1 holds its slot while step k is scheduled
+    finished_before = np.bincount(traj.last_step + 1, minlength=traj.n_steps + 1)[: traj.n_steps]
+    assert np.array_equal(running - batch, finished_before) and (finished_before > 0).any()
+    # every request waits from its enqueue to its admission: the steps' waiting sums to that
+    enq_step = np.searchsorted(traj.step_start_us, traj.send_us + traj.queueing_us, side="left")
+    assert waiting.sum() == (traj.admit_step - enq_step).sum()
