@@ -73,6 +73,7 @@ SCALE_ROUNDS = 4  # secant rounds of the scale that puts the model's cycle time 
 SCALE_TOLERANCE = 1e-3  # close enough: no more rounds
 SCALE_MATCH = 0.01  # a scaled row further than this from the trace's cycle time says "no fit"
 SCALE_LIMITS = (0.25, 4.0)
+STAGE_IDLE_S = 0.5  # an idle gap this long in a trace is a stage boundary (the stage interval is 1 s)
 
 
 def short(experiment: str) -> str:
@@ -198,14 +199,14 @@ def stage_stats(steps: StepSeries, lo_s: float, hi_s: float, max_running: int) -
     k = np.flatnonzero((steps.start_s >= lo_s) & (steps.start_s < hi_s))
     if len(k) < 3:
         return None
-    running = steps.running[k] if steps.running is not None else None
-    running = running[np.isfinite(running)] if running is not None else np.zeros(0)
+    running, waiting = (v[k] if v is not None else None for v in (steps.running, steps.waiting))
+    known = running[np.isfinite(running)] if running is not None else np.zeros(0)
     return {
         "cycle_ms": id_rate_cycle_us(steps.start_s, steps.step_id, k) / 1e3,
-        "running": float(running.mean()) if len(running) else float("nan"),
-        "sd": float(running.std()) if len(running) else float("nan"),
-        "full": share(steps.running[k] if steps.running is not None else None, lambda r: r >= max_running),
-        "waiting": share(steps.waiting[k] if steps.waiting is not None else None, lambda w: w > 0),
+        "running": float(known.mean()) if len(known) else float("nan"),
+        "sd": float(known.std()) if len(known) else float("nan"),
+        "full": share(running, lambda r: r >= max_running),
+        "waiting": share(waiting, lambda w: w > 0),
     }
 
 
@@ -219,6 +220,21 @@ def trace_series(g) -> StepSeries:
         queue["running_depth"],
         queue["waiting_depth"],
     )
+
+
+def trace_stage_starts_s(steps: StepSeries, n_stages: int) -> list[float] | None:
+    """Where each load stage starts in a trace (s): its first step, then the first after
+    each of the N_STAGES - 1 longest idle gaps (between stages the engine idles while the
+    load generator waits for the stage to drain, and then the interval). None where a gap
+    is shorter than ``STAGE_IDLE_S``."""
+    dt_s, steps_between = np.diff(steps.start_s), np.diff(steps.step_id)
+    if len(dt_s) < n_stages:
+        return None
+    idle_s = dt_s - steps_between * float(np.median(dt_s / steps_between))  # beyond the steps' own time
+    gaps = np.sort(np.argsort(idle_s)[::-1][: n_stages - 1])
+    if len(gaps) and idle_s[gaps].min() < STAGE_IDLE_S:
+        return None
+    return [float(steps.start_s[0]), *(float(steps.start_s[g + 1]) for g in gaps)]
 
 
 @dataclass
@@ -279,15 +295,16 @@ def queue_row(stage: str, label: str, stats: dict | None, ttft_ms: float, below:
 def draws_row(label: str, draws: list[SimulatedStage], observed_ms: float) -> str:
     """A simulated row: the draws' mean figures."""
     ttft = np.array([d.ttft_ms for d in draws])
-    below = f"{int((ttft < observed_ms).sum())}/{len(ttft)}" if np.isfinite(observed_ms) else ""
-    mean_ttft = float(np.nanmean(ttft)) if np.isfinite(ttft).any() else float("nan")
+    served = ttft[np.isfinite(ttft)]  # a draw that served nobody has no TTFT to compare
+    below = f"{int((served < observed_ms).sum())}/{len(served)}" if np.isfinite(observed_ms) else ""
+    mean_ttft = float(served.mean()) if len(served) else float("nan")
     return queue_row("", label, mean_stats([d.stats for d in draws]), mean_ttft, below)
 
 
-def scaled_row(spec, deployment, entry, draws: int, scatter, i: int, target_ms: float, model) -> tuple[str, list]:
-    """(the row label, the draws) of the model scaled until stage I's simulated cycle time
-    is TARGET_MS: secant rounds on the logs (a slower step holds more requests, which slows
-    it again), the factor within SCALE_LIMITS. The label says so where it does not match."""
+def scaled_row(spec, deployment, entry, draws: int, scatter, i: int, target_ms: float, model, observed_ms) -> str:
+    """The row of the model scaled until stage I's simulated cycle time is TARGET_MS: secant
+    rounds on the logs (a slower step holds more requests, which slows it again), the
+    factor within SCALE_LIMITS; where they do not get within SCALE_MATCH, says so."""
     factor, scaled, elasticity = 1.0, model, 1.0
     stats = mean_stats([d.stats for d in model])
     for _ in range(SCALE_ROUNDS):
@@ -295,14 +312,18 @@ def scaled_row(spec, deployment, entry, draws: int, scatter, i: int, target_ms: 
             break
         previous = (factor, stats["cycle_ms"])
         factor = float(np.clip(factor * (target_ms / previous[1]) ** (1.0 / elasticity), *SCALE_LIMITS))
+        if factor == previous[0]:  # held at a limit: another round would simulate the same
+            break
         expression = scaled_expression(entry.expression, factor)
         scaled = [simulate_stages(spec, deployment, expression, entry.overheads, s, scatter)[i] for s in range(draws)]
         stats = mean_stats([d.stats for d in scaled])
         if stats is not None and stats["cycle_ms"] > 0 and factor != previous[0] and stats["cycle_ms"] != previous[1]:
             slope = np.log(stats["cycle_ms"] / previous[1]) / np.log(factor / previous[0])
             elasticity = float(np.clip(slope, 0.5, 5.0))
-    matched = stats is not None and abs(stats["cycle_ms"] / target_ms - 1) <= SCALE_MATCH
-    return (f"x{factor:.3f}" if matched else "no fit"), scaled
+    if stats is None or abs(stats["cycle_ms"] / target_ms - 1) > SCALE_MATCH:
+        got = f"{stats['cycle_ms']:.2f} ms" if stats is not None else "no steps"
+        return f"{'':<20} {'scaled':<7} no fit: x{factor:.3g} gives {got}"
+    return draws_row(f"x{factor:.3f}", scaled, observed_ms)
 
 
 def queue_by_stage(data, specs: dict, resolver, entry, draws: int, scatter) -> list[str]:
@@ -324,19 +345,24 @@ def queue_by_stage(data, specs: dict, resolver, entry, draws: int, scatter) -> l
         dep = resolver.resolve_experiment(spec)
         real = trace_series(data.steps.loc[data.steps["experiment"] == name])
         runs = [simulate_stages(spec, dep, entry.expression, entry.overheads, s, scatter) for s in range(draws)]
-        for i, (rate, _) in enumerate(spec.stages):
-            # the trace's clock starts at its first sampled step, the simulation's at its
-            # first step: the real window is the first draw's
-            real_stats = stage_stats(real, *runs[0][i].window_s, spec.max_num_seqs)
+        starts_s = trace_stage_starts_s(real, len(spec.stages))
+        for i, (rate, duration_s) in enumerate(spec.stages):
+            # the trace's own stage, or where it cannot tell its stages apart, the first draw's
+            window = (starts_s[i] + QUEUE_SKIP_S, starts_s[i] + duration_s) if starts_s else runs[0][i].window_s
+            real_stats = stage_stats(real, *window, spec.max_num_seqs)
             obs = spec.observed.stages[i].ttft_mean_s if spec.observed and i < len(spec.observed.stages) else None
             observed_ms = obs * 1e3 if obs is not None else float("nan")
             model = [run[i] for run in runs]
             out.append(queue_row(f"  {i + 1}  {rate:g} req/s", "real", real_stats, observed_ms))
             out.append(draws_row("model", model, observed_ms))
             if real_stats is not None and np.isfinite(real_stats["cycle_ms"]) and real_stats["cycle_ms"] > 0:
-                label, scaled = scaled_row(spec, dep, entry, draws, scatter, i, real_stats["cycle_ms"], model)
-                out.append(draws_row(label, scaled, observed_ms))
+                out.append(scaled_row(spec, dep, entry, draws, scatter, i, real_stats["cycle_ms"], model, observed_ms))
     return out
+
+
+def argv_has(argv: list[str] | None, option: str) -> bool:
+    """Whether the command line (ARGV, or the process's) names OPTION (``--opt v`` or ``--opt=v``)."""
+    return any(a == option or a.startswith(option + "=") for a in (sys.argv[1:] if argv is None else argv))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -357,9 +383,12 @@ def main(argv: list[str] | None = None) -> int:
     if (args.run_dir is None) != (args.id is None):
         print("--run-dir and --id: give both (checks 2 and 3) or neither", file=sys.stderr)
         return 2
+    if args.run_dir is None and (args.step_scatter is not None or argv_has(argv, "--draws")):
+        print("--draws and --step-scatter are options of check 3: give --run-dir and --id too", file=sys.stderr)
+        return 2
     steps_dir = args.data or args.shared / "data" / "steps"
     experiments = args.shared / "data" / "experiments"
-    try:  # every input is read and both tables are made before anything is printed
+    try:  # every input is read and all three tables are made before anything is printed
         entry = None
         if args.run_dir is not None:
             archive = RunDir(args.run_dir).archive
@@ -369,18 +398,18 @@ def main(argv: list[str] | None = None) -> int:
                 entry = store.get(args.id)
         data = load_steps([steps_dir])
         resolver = default_resolver()
+        scatter = run_scatter(entry.run_config) if entry is not None else None
+        if args.step_scatter is not None:
+            try:
+                scatter = measured_step_scatter(args.step_scatter, resolver)
+            except InputError as err:
+                raise InputError(err.path, err.field, f"{err.expected} (--step-scatter)") from None
         tables = [prefill_in_traces(data.steps, resolver)]
         if entry is not None:
             seed = run_seed(entry.run_config)
             sharing = trace_kv_sharing(data, experiments, resolver, seed) if experiments.is_dir() else None
             tables.append(first_seconds(data, resolver, entry, sharing))
             specs = {s.name: s for s in find_experiments(experiments)} if experiments.is_dir() else {}
-            if args.step_scatter is not None:
-                if not args.step_scatter.exists():
-                    raise InputError(args.step_scatter, None, "no such file or directory (--step-scatter)")
-                scatter = measured_step_scatter(args.step_scatter, resolver)
-            else:
-                scatter = run_scatter(entry.run_config)
             tables.append(queue_by_stage(data, specs, resolver, entry, args.draws, scatter))
     except InputError as err:
         print(err, file=sys.stderr)

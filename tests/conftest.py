@@ -11,7 +11,6 @@ if str(ROOT) not in sys.path:
 def load_benchmark(name: str):
     """The script ``benchmarks/NAME.py`` as a module (the benchmarks are scripts, not a package)."""
     import importlib.util
-    import sys
 
     spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)

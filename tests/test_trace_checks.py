@@ -97,11 +97,17 @@ def test_first_seconds_finds_a_warm_up_against_the_model(tmp_path):
         (["--id", "x"], "--run-dir and --id"),
         (["--run-dir", "{tmp}", "--id", "x"], "no archive there"),
         (["--data", "{tmp}/none.parquet"], "no such file"),
+        (["--draws", "3"], "options of check 3"),
+        (["--draws", "0"], "--draws"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
     tc = _trace_checks()
-    assert tc.main([a.format(tmp=tmp_path) for a in args]) == 2
+    try:
+        rc = tc.main([a.format(tmp=tmp_path) for a in args])
+    except SystemExit as exit_:  # the option parser's errors leave this way, as from the command line
+        rc = exit_.code
+    assert rc == 2
     captured = capsys.readouterr()
     assert captured.out == "" and message in captured.err and len(captured.err.strip().splitlines()) == 1
 
@@ -150,6 +156,19 @@ def test_the_loader_keeps_the_queue_depths_where_a_trace_has_them(tmp_path):
     expected[3] = np.nan
     assert np.array_equal(steps["waiting_depth"].to_numpy(), expected, equal_nan=True)  # in step order
     assert steps["running_depth"].tolist() == trace["batch.num_decode_reqs"].tolist()
+
+
+def test_a_trace_s_stages_start_after_its_idle_gaps():
+    tc = _trace_checks()
+    # 20 ms steps, one in ten sampled; the engine idles 1.5 s at 600 s, and 0.3 s at 300 s
+    step_id = np.arange(0, 60_000, 10, dtype=float)
+    start_s = step_id * 0.02
+    start_s[step_id * 0.02 >= 300] += 0.3
+    start_s[step_id * 0.02 >= 600] += 1.5
+    steps = tc.StepSeries(start_s, step_id, None, None)
+    assert tc.trace_stage_starts_s(steps, 2) == pytest.approx([0.0, 601.8])
+    assert tc.trace_stage_starts_s(steps, 1) == [0.0]
+    assert tc.trace_stage_starts_s(steps, 3) is None  # the 0.3 s gap is no stage boundary
 
 
 def test_queue_by_stage_skips_traces_without_an_experiment_folder():

@@ -142,8 +142,10 @@ class Trajectory:
         """Requests holding a slot while each step was scheduled, as the tracer's
         ``queue.running_depth`` counts them: the step's batch, and the requests that
         finished in the step before (``fitness.sim.scheduler`` releases their slots once
-        this step is scheduled)."""
+        this step is scheduled; at once where the engine idled or waited for that step's
+        outputs, ``output_delayed`` False)."""
         last = self.last_step[(status == FINISHED) & (self.last_step >= 0)]
+        last = last[self.output_delayed[last]]
         held = np.bincount(last + 1, minlength=self.n_steps + 1)[: self.n_steps]
         return np.diff(self.step_offsets) + held
 

@@ -158,6 +158,16 @@ def _numeric(df: pd.DataFrame, col: str, path: Path, expected: str) -> np.ndarra
     return arr
 
 
+def _request_counts(column: pd.Series) -> np.ndarray:
+    """An optional count column as floats, NaN where a value is not a whole number >= 0
+    (and all NaN for booleans and times)."""
+    if pd.api.types.is_bool_dtype(column) or pd.api.types.is_datetime64_any_dtype(column):
+        return np.full(len(column), np.nan)
+    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    ok = np.isfinite(values) & (values >= 0) & (values == np.floor(values))
+    return np.where(ok, values, np.nan)
+
+
 def _resolve_files(path: Path) -> tuple[Path, Path | None]:
     path = Path(path)
     if path.is_dir():
@@ -213,8 +223,7 @@ def load_trace(path: Path | str) -> StepData:
         steps[dst] = num[src]
     for src, dst in QUEUE_MAP.items():  # optional, informative only: a bad value is NaN, never an error
         if src in df.columns:
-            depth = pd.to_numeric(df[src], errors="coerce").to_numpy(dtype=np.float64)
-            steps[dst] = np.where(np.isfinite(depth) & (depth >= 0), depth, np.nan)
+            steps[dst] = _request_counts(df[src])
     steps["source_row"] = np.arange(len(df))
     steps = steps.sort_values(["experiment", "step_id"], kind="stable").reset_index(drop=True)
 
