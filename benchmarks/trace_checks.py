@@ -73,7 +73,8 @@ SCALE_ROUNDS = 4  # secant rounds of the scale that puts the model's cycle time 
 SCALE_TOLERANCE = 1e-3  # close enough: no more rounds
 SCALE_MATCH = 0.01  # a scaled row further than this from the trace's cycle time says "no fit"
 SCALE_LIMITS = (0.25, 4.0)
-STAGE_IDLE_S = 0.5  # an idle gap this long in a trace is a stage boundary (the stage interval is 1 s)
+STAGE_IDLE_S = 0.5  # an idle gap this long after a stage's duration is the next stage's start (interval: 1 s)
+LOCAL_PAIRS = 50  # the sampled pairs before a gap whose median cycle prices its steps
 
 
 def short(experiment: str) -> str:
@@ -222,19 +223,30 @@ def trace_series(g) -> StepSeries:
     )
 
 
-def trace_stage_starts_s(steps: StepSeries, n_stages: int) -> list[float] | None:
-    """Where each load stage starts in a trace (s): its first step, then the first after
-    each of the N_STAGES - 1 longest idle gaps (between stages the engine idles while the
-    load generator waits for the stage to drain, and then the interval). None where a gap
-    is shorter than ``STAGE_IDLE_S``."""
+def trace_stage_starts_s(steps: StepSeries, durations_s: list[float]) -> list[float] | None:
+    """Where each load stage starts in a trace (s): its first step, then for each next
+    stage the first idle gap of ``STAGE_IDLE_S`` or more once the stage before has run its
+    duration (between stages the engine idles: the load generator waits for the stage to
+    drain, then the interval). A gap's idle time is what its steps' own time, at the
+    median cycle of the ``LOCAL_PAIRS`` pairs before it, leaves over. None where a stage
+    start is not found."""
     dt_s, steps_between = np.diff(steps.start_s), np.diff(steps.step_id)
-    if len(dt_s) < n_stages:
-        return None
-    idle_s = dt_s - steps_between * float(np.median(dt_s / steps_between))  # beyond the steps' own time
-    gaps = np.sort(np.argsort(idle_s)[::-1][: n_stages - 1])
-    if len(gaps) and idle_s[gaps].min() < STAGE_IDLE_S:
-        return None
-    return [float(steps.start_s[0]), *(float(steps.start_s[g + 1]) for g in gaps)]
+    cycle_s = dt_s / np.maximum(steps_between, 1)
+    starts = [float(steps.start_s[0])] if len(steps.start_s) else []
+    for duration_s in durations_s[:-1]:
+        if not starts:
+            return None
+        after = np.flatnonzero(steps.start_s[:-1] >= starts[-1] + duration_s)
+        found = None
+        for j in after:
+            local_s = float(np.median(cycle_s[max(j - LOCAL_PAIRS, 0) : j])) if j else float(cycle_s[0])
+            if dt_s[j] - steps_between[j] * local_s >= STAGE_IDLE_S:
+                found = float(steps.start_s[j + 1])
+                break
+        if found is None:
+            return None
+        starts.append(found)
+    return starts
 
 
 @dataclass
@@ -345,7 +357,9 @@ def queue_by_stage(data, specs: dict, resolver, entry, draws: int, scatter) -> l
         dep = resolver.resolve_experiment(spec)
         real = trace_series(data.steps.loc[data.steps["experiment"] == name])
         runs = [simulate_stages(spec, dep, entry.expression, entry.overheads, s, scatter) for s in range(draws)]
-        starts_s = trace_stage_starts_s(real, len(spec.stages))
+        starts_s = trace_stage_starts_s(real, [d for _, d in spec.stages])
+        if starts_s is None:
+            out.append("  (no stage starts found in the trace: its rows use the first draw's windows)")
         for i, (rate, duration_s) in enumerate(spec.stages):
             # the trace's own stage, or where it cannot tell its stages apart, the first draw's
             window = (starts_s[i] + QUEUE_SKIP_S, starts_s[i] + duration_s) if starts_s else runs[0][i].window_s
@@ -360,20 +374,13 @@ def queue_by_stage(data, specs: dict, resolver, entry, draws: int, scatter) -> l
     return out
 
 
-def argv_has(argv: list[str] | None, option: str) -> bool:
-    """Whether the command line (ARGV, or the process's) names OPTION (``--opt v`` or ``--opt=v``)."""
-    return any(a == option or a.startswith(option + "=") for a in (sys.argv[1:] if argv is None else argv))
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="python benchmarks/trace_checks.py", description=__doc__.splitlines()[0])
     ap.add_argument("--shared", type=Path, default=shared_data_root(), help="the shared folder (default ../shared)")
     ap.add_argument("--data", type=Path, help="step traces to check (default: the shared folder's data/steps)")
     ap.add_argument("--run-dir", type=Path, help="run directory of the archived model for checks 2 and 3 (with --id)")
     ap.add_argument("--id", help="archive entry id (or prefix) for checks 2 and 3 (with --run-dir)")
-    ap.add_argument(
-        "--draws", type=load_draws_arg, default=QUEUE_DRAWS, help=f"check 3: draws of the load (default {QUEUE_DRAWS})"
-    )
+    ap.add_argument("--draws", type=load_draws_arg, help=f"check 3: draws of the load (default {QUEUE_DRAWS})")
     ap.add_argument(
         "--step-scatter",
         type=Path,
@@ -383,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     if (args.run_dir is None) != (args.id is None):
         print("--run-dir and --id: give both (checks 2 and 3) or neither", file=sys.stderr)
         return 2
-    if args.run_dir is None and (args.step_scatter is not None or argv_has(argv, "--draws")):
+    if args.run_dir is None and (args.step_scatter is not None or args.draws is not None):
         print("--draws and --step-scatter are options of check 3: give --run-dir and --id too", file=sys.stderr)
         return 2
     steps_dir = args.data or args.shared / "data" / "steps"
@@ -410,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             sharing = trace_kv_sharing(data, experiments, resolver, seed) if experiments.is_dir() else None
             tables.append(first_seconds(data, resolver, entry, sharing))
             specs = {s.name: s for s in find_experiments(experiments)} if experiments.is_dir() else {}
-            tables.append(queue_by_stage(data, specs, resolver, entry, args.draws, scatter))
+            tables.append(queue_by_stage(data, specs, resolver, entry, args.draws or QUEUE_DRAWS, scatter))
     except InputError as err:
         print(err, file=sys.stderr)
         return 2

@@ -23,7 +23,12 @@ def test_a_queue_forms_only_while_every_slot_is_held(tmp_path):
     batch = np.diff(traj.step_offsets)
     assert (status == FINISHED).all() and waiting.max() >= 1
     assert running.max() == 2 and (running[waiting > 0] == 2).all()  # nobody waits beside a free slot
-    assert (running > batch).any()  # a finished request holds its slot while the next step is scheduled
+    # a request that finished in step k-1 holds its slot while step k is scheduled, unless
+    # the engine idled in between
+    gapless = np.r_[False, traj.step_start_us[1:] <= traj.step_start_us[:-1] + traj.step_cycle_us[:-1] + 1e-6]
+    last = traj.last_step[status == FINISHED]
+    held = np.bincount(last[gapless[np.minimum(last + 1, traj.n_steps - 1)]] + 1, minlength=traj.n_steps + 1)
+    assert np.array_equal(running - batch, held[: traj.n_steps]) and (running > batch).any()
     # every request waits from its enqueue to its admission: the steps' waiting sums to that
     enq_step = np.searchsorted(traj.step_start_us, traj.send_us + traj.queueing_us, side="left")
     assert waiting.sum() == (traj.admit_step - enq_step).sum()
@@ -38,8 +43,9 @@ def test_an_idle_engine_holds_no_finished_request(tmp_path):
     traj, status = result.trajectory, result.requests.status
     running = traj.running_depth(status)
     batch = np.diff(traj.step_offsets)
-    # the steps right after a request's last one, where the engine had idled in between
+    # the steps right after a request's last one that started after an idle gap
     after = traj.last_step[status == FINISHED] + 1
-    after = after[(after < traj.n_steps) & ~traj.output_delayed[after - 1]]
+    after = after[after < traj.n_steps]
+    after = after[traj.step_start_us[after] > traj.step_start_us[after - 1] + traj.step_cycle_us[after - 1] + 1e-6]
     assert len(after) and (running[after] == batch[after]).all()
     assert traj.waiting_depth(status, spec.request_timeout_s).max() == 0

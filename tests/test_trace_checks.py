@@ -98,6 +98,7 @@ def test_first_seconds_finds_a_warm_up_against_the_model(tmp_path):
         (["--run-dir", "{tmp}", "--id", "x"], "no archive there"),
         (["--data", "{tmp}/none.parquet"], "no such file"),
         (["--draws", "3"], "options of check 3"),
+        (["--dr", "3"], "options of check 3"),  # argparse takes a prefix
         (["--draws", "0"], "--draws"),
     ],
 )
@@ -160,15 +161,19 @@ def test_the_loader_keeps_the_queue_depths_where_a_trace_has_them(tmp_path):
 
 def test_a_trace_s_stages_start_after_its_idle_gaps():
     tc = _trace_checks()
-    # 20 ms steps, one in ten sampled; the engine idles 1.5 s at 600 s, and 0.3 s at 300 s
-    step_id = np.arange(0, 60_000, 10, dtype=float)
-    start_s = step_id * 0.02
-    start_s[step_id * 0.02 >= 300] += 0.3
-    start_s[step_id * 0.02 >= 600] += 1.5
-    steps = tc.StepSeries(start_s, step_id, None, None)
-    assert tc.trace_stage_starts_s(steps, 2) == pytest.approx([0.0, 601.8])
-    assert tc.trace_stage_starts_s(steps, 1) == [0.0]
-    assert tc.trace_stage_starts_s(steps, 3) is None  # the 0.3 s gap is no stage boundary
+    # one step in ten sampled; 20 ms steps for 600 s, the engine idles 1.5 s, then 60 ms
+    # steps: a stretch of slower steps is no idle time. A 0.8 s stall at 300 s comes before
+    # the first stage has run its 600 s, so it is no stage boundary either.
+    cycle_s = np.r_[np.full(30_000, 0.02), np.full(10_000, 0.06)]
+    start_s = np.r_[0.0, np.cumsum(cycle_s)[:-1]]
+    start_s[15_000:] += 0.8
+    start_s[30_000:] += 1.5
+    steps = tc.StepSeries(start_s[::10], np.arange(0, 40_000, 10, dtype=float), None, None)
+    assert tc.trace_stage_starts_s(steps, [600.0, 600.0]) == pytest.approx([0.0, 602.3])
+    assert tc.trace_stage_starts_s(steps, [600.0]) == [0.0]
+    assert tc.trace_stage_starts_s(steps, [600.0, 600.0, 600.0]) is None  # no third stage in it
+    stalls_only = tc.StepSeries(np.arange(0, 800.0, 0.2), np.arange(0, 40_000.0, 10), None, None)
+    assert tc.trace_stage_starts_s(stalls_only, [600.0, 600.0]) is None
 
 
 def test_queue_by_stage_skips_traces_without_an_experiment_folder():

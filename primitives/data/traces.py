@@ -160,9 +160,13 @@ def _numeric(df: pd.DataFrame, col: str, path: Path, expected: str) -> np.ndarra
 
 def _request_counts(column: pd.Series) -> np.ndarray:
     """An optional count column as floats, NaN where a value is not a whole number >= 0
-    (and all NaN for booleans and times)."""
-    if pd.api.types.is_bool_dtype(column) or pd.api.types.is_datetime64_any_dtype(column):
+    (booleans and times are not counts)."""
+    types = pd.api.types
+    if types.is_bool_dtype(column) or types.is_datetime64_any_dtype(column) or types.is_timedelta64_dtype(column):
         return np.full(len(column), np.nan)
+    if types.is_object_dtype(column):  # a mixed column: its booleans and times are no counts either
+        number = (int, float, str, np.integer, np.floating)
+        column = column.map(lambda v: v if isinstance(v, number) and not isinstance(v, bool) else None)
     values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     ok = np.isfinite(values) & (values >= 0) & (values == np.floor(values))
     return np.where(ok, values, np.nan)
