@@ -149,7 +149,7 @@ def first_seconds(data, resolver, entry, kv_sharing) -> list[str]:
     expr = parse_infix(entry.expression)
     names = sorted(s.name for s in expr.free_symbols)
     table = build_step_table(data, resolver, names, 0.0, kv_sharing, every_step=True)
-    model_us = np.broadcast_to(evaluate_expr(expr, table.columns) if names else float(expr), (table.n,))
+    model_us = evaluate_expr(expr, table.columns, table.n)
     head = " ".join(f"{w:>4}" for w in WINDOW_STARTS_S)
     out = [
         f"measured / {entry.id}'s step time, over the same after {STEADY_AFTER_S:.0f} s",

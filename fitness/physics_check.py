@@ -62,7 +62,7 @@ def probe_check(expression: str, deployments: list[Deployment], floor_fraction: 
     expr = parse_infix(expression)
     names = sorted(s.name for s in expr.free_symbols)
     probes = PhysicsProbes.build(deployments, names or ["batch_size"], floor_fraction)
-    base, heavy = probes.predictions(lambda cols, n: np.broadcast_to(evaluate_expr(expr, cols), (n,)))
+    base, heavy = probes.predictions(lambda cols, n: evaluate_expr(expr, cols, n))
     floor, fits = probes.floor_us, probes.base_fits
     used = (floor > 0) & fits
     ratio = float(np.min(base[used] / floor[used])) if used.any() else None

@@ -79,7 +79,7 @@ def score_entry(entry, data_paths: list, resolver, experiments_dir=None, seed: i
     wanted = sorted({*names, "batch_size"} if by_batch else names) or None
     sharing = trace_kv_sharing(data, experiments_dir, resolver, seed) if experiments_dir else None
     table = build_step_table(data, resolver, wanted, validation_fraction=0.0, kv_sharing=sharing)
-    pred = np.maximum(evaluate_expr(expr, table.columns) if names else np.full(table.n, float(expr)), 1.0)
+    pred = np.maximum(evaluate_expr(expr, table.columns, table.n), 1.0)
     obs = table.cycle_time_us
     ape = np.abs(pred - obs) / obs
     out = []

@@ -297,4 +297,4 @@ class SympyTerm:
         self.text = to_infix(expr)
 
     def __call__(self, columns, n: int) -> np.ndarray:
-        return evaluate_expr(parse_infix(self.text), columns)
+        return evaluate_expr(parse_infix(self.text), columns, n)

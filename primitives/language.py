@@ -337,10 +337,13 @@ def to_infix(expr: sp.Expr) -> str:
     return _InfixPrinter({"order": "none"}).doprint(expr)
 
 
-def evaluate_expr(expr: sp.Expr, columns: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Evaluate a sympy expression over primitive columns (reference path, not the hot loop)."""
+def evaluate_expr(expr: sp.Expr, columns: Mapping[str, np.ndarray], n: int | None = None) -> np.ndarray:
+    """Evaluate a sympy expression over primitive columns (reference path, not the hot loop):
+    N values (default: as many as the columns have rows; give N where a constant expression
+    may come with no columns)."""
     names = sorted(s.name for s in expr.free_symbols)
-    n = len(next(iter(columns.values())))
+    if n is None:
+        n = len(next(iter(columns.values())))
     fn = sp.lambdify([symbol(nm) for nm in names], expr, modules=LAMBDIFY_MODULES)
     with np.errstate(all="ignore"):
         out = fn(*[np.asarray(columns[nm], dtype=np.float64) for nm in names])

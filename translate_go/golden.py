@@ -125,8 +125,7 @@ def python_step_time_us(expr: sp.Expr, deployment: Deployment, batches: Sequence
     )
     # Constant-only primitives come back with one row; give every column n rows.
     cols = {k: np.broadcast_to(np.asarray(v, dtype=np.float64), (n,)).copy() for k, v in cols.items()}
-    cols.setdefault("_rows", np.zeros(n))  # evaluate_expr reads n from the first column
-    return evaluate_expr(sp.sympify(expr), cols)
+    return evaluate_expr(sp.sympify(expr), cols, n)
 
 
 def _round_at_least(us: float, floor: int) -> int:
