@@ -10,8 +10,8 @@ Here it is fitted on the same data the search fits on, the simplest honest way:
    the reference physics model (``evolve.calibration.refresh_replay_rows``, the search's own
    first recording), so the baseline does not depend on the model under test;
 2. per model, the expression ``prefill_tokens + decode_tokens`` refitted on that model's
-   rows only (``fitness.validate.refit``: intercept and coefficients >= 0, the fitted
-   queueing terms);
+   rows only (``fitness.validate.refit``: intercept and coefficients >= 0, and BLIS's two
+   queueing terms, a fixed part and one per prompt token);
 3. every experiment simulated in the same closed loop as the model under test, with its
    model's fitted baseline (``fitness.validate.closed_loop_runs``).
 """
@@ -28,8 +28,11 @@ from primitives.deployment import DeploymentResolver
 from primitives.errors import InputError
 
 BLACKBOX_TERMS = ("prefill_tokens", "decode_tokens")
+# BLIS's blackbox QueueingTime is alpha0 + alpha1 * input_len: no term for the load at arrival
+BLACKBOX_QUEUEING = ("queueing_base_us", "queueing_per_input_token_us")
 METHOD = (
-    "BLIS blackbox, per model: beta0 + beta1*prefill_tokens + beta2*decode_tokens and the queueing terms, "
+    "BLIS blackbox, per model: beta0 + beta1*prefill_tokens + beta2*decode_tokens and the queueing terms "
+    "alpha0 + alpha1*input_len, "
     "least squares on the replay rows (whole-run and per-stage mean E2E, TTFT, ITL) of that model's "
     "experiments, recorded with the reference physics model anchored at the observed ITL; then the closed loop"
 )
@@ -54,7 +57,9 @@ def blackbox_baseline(
     model_of = {s.name: resolver.resolve_experiment(s).model.name for s in specs}
     fitted: dict[str, dict] = {}
     for model in sorted(set(rows.models)):
-        got = refit(terms, rows, lambda e, _label, model=model: rows.models[e] == model)
+        got = refit(
+            terms, rows, lambda e, _label, model=model: rows.models[e] == model, fitted_non_step=BLACKBOX_QUEUEING
+        )
         if got is None:
             raise InputError(experiments_dir, "results", f"could not fit the blackbox baseline of {model}")
         fitted[model] = {"expression": got[0], "overheads": got[1]}

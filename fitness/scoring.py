@@ -40,6 +40,9 @@ class FitnessContext:
     replay_weight: float = 1.0  # weight of one replayed metric row against one experiment's step rows
     efficiency_bounds: EfficiencyBounds = EfficiencyBounds()  # of a µs term's coefficient (fitness.efficiency)
     probes: PhysicsProbes | None = None  # probe steps: monotone in work, above the kernel floor
+    # the fitted non-step terms this fit may use (the others stay at 0): BLIS's blackbox
+    # baseline has no load term in its QueueingTime
+    fitted_non_step: tuple[str, ...] = FITTED_NON_STEP_NAMES
 
     def __post_init__(self):
         self.efficiency_bounds = as_bounds(self.efficiency_bounds)  # a (lower, upper) pair: no caps
@@ -338,6 +341,9 @@ def fit_terms(
     for j, interval in enumerate(efficiency_terms or [None] * k):
         if interval is not None:
             lower[j], upper[j] = interval
+    for j, name in enumerate(FITTED_NON_STEP_NAMES[:n_over]):
+        if name not in ctx.fitted_non_step:
+            upper[k + 1 + j] = 0.0
     theta = bounded_gram(G, h, lower, upper)
     if theta is None:
         return _worst()

@@ -32,6 +32,7 @@ from fitness.efficiency import DEFAULT_EFFICIENCY_BOUNDS, as_bounds
 from fitness.replay_rows import REPLAY_METRICS, ReplayRows
 from fitness.scoring import FitnessContext, error_stats, fit_terms, term_physics
 from fitness.sim.engine import simulate
+from fitness.sim.latency_model import FITTED_NON_STEP_NAMES
 from fitness.sim.loadgen import no_success_reason
 from fitness.sim.models import ExpressionLatencyModel
 from fitness.step_scatter import StepScatter, step_scales
@@ -244,13 +245,20 @@ def summarise(items: list[dict]) -> dict:
     return out
 
 
-def refit(terms: list[sp.Expr], rows: ReplayRows, keep, bounds=DEFAULT_EFFICIENCY_BOUNDS) -> tuple[str, dict] | None:
+def refit(
+    terms: list[sp.Expr],
+    rows: ReplayRows,
+    keep,
+    bounds=DEFAULT_EFFICIENCY_BOUNDS,
+    fitted_non_step: tuple[str, ...] = FITTED_NON_STEP_NAMES,
+) -> tuple[str, dict] | None:
     """Refit ``intercept + sum(coef * term)`` and the fitted overheads on some replay rows only.
 
     ``keep(e, label)`` says whether row ``label = (metric, scope)`` of experiment ``e`` of
     ``rows`` enters the fit (the others count as unobserved; experiments left without a
-    row are dropped). Returns the refitted expression (infix) and overheads, or None when
-    nothing is left to fit or the least squares fails.
+    row are dropped). ``fitted_non_step``: the non-step terms it may fit (the others stay
+    at 0). Returns the refitted expression (infix) and overheads, or None when nothing is
+    left to fit or the least squares fails.
     """
     observed, kept = [], []
     for e, labels in enumerate(rows.labels):
@@ -265,7 +273,7 @@ def refit(terms: list[sp.Expr], rows: ReplayRows, keep, bounds=DEFAULT_EFFICIENC
     sub.observed_us = observed
     bounds = as_bounds(bounds)  # the search's bounds (and caps) hold in refits too
     efficiency = [bounds.of_term(t) if term_physics(t) else None for t in terms]
-    ctx = FitnessContext(None, sub, efficiency_bounds=bounds)
+    ctx = FitnessContext(None, sub, efficiency_bounds=bounds, fitted_non_step=fitted_non_step)
     score = fit_terms([SympyTerm(t) for t in terms], ctx, efficiency_terms=efficiency)
     if not score.ok:
         return None

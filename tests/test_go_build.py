@@ -34,6 +34,7 @@ CASES = {
         {
             "queueing_base_us": 1500.4,
             "queueing_per_input_token_us": 0.25,
+            "queueing_per_running_request_us": 61.5,
             "scheduling_processing_us": 250.5,
             "output_token_processing_us": 12.0,
             "preemption_processing_us": 99.5,
@@ -52,7 +53,7 @@ CASES = {
         "llama-2-7b",
         1,
         "blis",
-        {"scheduling_processing_us": 120.25, "post_decode_fixed_us": 7.5},
+        {"scheduling_processing_us": 120.25, "post_decode_fixed_us": 7.5, "queueing_per_running_request_us": 40.25},
         300,
     ),
     "maxmin_pdiv_third": (

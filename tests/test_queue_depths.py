@@ -49,3 +49,20 @@ def test_an_idle_engine_holds_no_finished_request(tmp_path):
     after = after[traj.step_start_us[after] > traj.step_start_us[after - 1] + traj.step_cycle_us[after - 1] + 1e-6]
     assert len(after) and (running[after] == batch[after]).all()
     assert traj.waiting_depth(status, spec.request_timeout_s).max() == 0
+
+
+def test_the_queueing_time_counts_the_step_running_at_sending(tmp_path):
+    # 200 ms steps, two slots, and 5 ms of queueing per request of the last step started
+    # before a request was sent (also while the engine idles after it, as BLIS's model
+    # remembers its last batch; none before the first step)
+    spec = load_experiment(_experiment(tmp_path, exp_config=EXP_CONFIG.replace("max_num_seqs: 128", "max_num_seqs: 2")))
+    dep = DeploymentResolver().resolve_experiment(spec)
+    over = {"queueing_base_us": 1000.0, "queueing_per_running_request_us": 5000.0}
+    for engine in ("compiled", "python"):
+        model = ExpressionLatencyModel("200000", dep, over)
+        traj = simulate(spec, dep, model, seed=0, record=True, engine=engine).trajectory
+        batch = np.diff(traj.step_offsets)
+        k = np.searchsorted(traj.step_start_us, traj.send_us, side="left") - 1
+        want = np.where(k >= 0, batch[np.maximum(k, 0)], 0)
+        assert np.array_equal(traj.send_depth, want) and set(want) == {0, 1, 2}, engine
+        assert np.allclose(traj.queueing_us, 1000.0 + 5000.0 * want, rtol=0, atol=1e-6)

@@ -74,6 +74,8 @@ SCENARIOS = {
         spec=spec_(stages=((30.0, 6.0), (60.0, 3.0)), max_num_batched_tokens=200, max_num_seqs=6, output_len=30),
         expr="8000 + 10*prefill_tokens + 2*decode_tokens",
         kw=dict(seed=1, kv_capacity_blocks=10_000),
+        # the load term reorders enqueues: a later request can overtake an earlier one
+        overheads=dict(queueing_per_running_request_us=2500.0, queueing_per_input_token_us=30.0),
     ),
     # KV too small for the batch: preemption and recompute, with the preemption overhead
     "preemption": dict(
@@ -96,6 +98,7 @@ SCENARIOS = {
         expr="10000",
         load=([4000, 40], [0, 0], [0, 1], [0.0, 0.1], [0, 1], 200),
         kw=dict(kv_capacity_blocks=1000),
+        overheads=dict(queueing_per_running_request_us=700.0),
     ),
     # a cache too small for every prefix: LRU eviction of cached blocks
     "lru eviction": dict(

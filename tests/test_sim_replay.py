@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fitness.sim.engine import simulate
-from fitness.sim.latency_model import NonStepTerms
+from fitness.sim.latency_model import FITTED_NON_STEP_NAMES, SIMULATED_NON_STEP_NAMES, NonStepTerms
 from fitness.sim.replay import evaluate_weights, metric_weights, replay, replay_times
 from primitives.data.experiments import ExperimentSpec
 from primitives.deployment import DeploymentResolver
@@ -43,6 +43,7 @@ def _spec(**kw) -> ExperimentSpec:
 MODEL = Model(
     queueing_base_us=2_000.0,
     queueing_per_input_token_us=3.0,
+    queueing_per_running_request_us=150.0,
     output_token_processing_us=400.0,
     scheduling_processing_us=700.0,
     preemption_processing_us=900.0,
@@ -88,7 +89,9 @@ def test_linear_forms_match_replay(runs, which):
     rng = np.random.default_rng(0)
     for _ in range(3):
         step = tr.step_time_us * rng.uniform(0.5, 1.5, size=tr.n_steps)
-        over = NonStepTerms(*(rng.uniform(0, 3_000) for _ in range(5)), event_gap_us=rng.uniform(0, 50))
+        over = NonStepTerms(
+            **{n: rng.uniform(0, 3_000) for n in SIMULATED_NON_STEP_NAMES}, event_gap_us=rng.uniform(0, 50)
+        )
         rep = replay(tr, step, over)
         val = evaluate_weights(forms, step, over)
         assert val["e2e"] == pytest.approx(rep.summary.e2e_mean_s * 1e6, rel=1e-9)
@@ -115,6 +118,9 @@ def test_weights_structure(runs):
     assert tr.target_tokens[0] <= w0.sum() <= tr.target_tokens[0] + 4
     assert const["queueing_base_us"] == 1.0 and const["output_token_processing_us"] == 1.0
     assert const["queueing_per_input_token_us"] == pytest.approx(tr.input_len[tr.success].mean())
+    # the load term enters with the mean number of requests in the step running at sending
+    assert const["queueing_per_running_request_us"] == pytest.approx(tr.send_depth[tr.success].mean())
+    assert tr.send_depth[tr.success].mean() > 1
     w_itl, c_itl = metric_weights(tr, stages=False)["itl"]
     # ITL is about half the per-token time: its weights sum to ~ (N - 1) / (2N - 1)
     n = tr.target_tokens[0]
@@ -148,7 +154,7 @@ def _rows(probes):
         models=["m"],
         columns=[{"x": x}],
         weights=[w],
-        overhead=[np.zeros((2, 2))],
+        overhead=[np.zeros((2, len(FITTED_NON_STEP_NAMES)))],
         fixed_us=[np.zeros(2)],
         observed_us=[w @ (10.0 * x)],
         labels=[[("e2e", "all"), ("itl", "all")]],

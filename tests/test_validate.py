@@ -9,6 +9,7 @@ from archive.entry import ArchiveEntry
 from evolve.config import REFIT_ROUNDS
 from evolve.validation import validate_entry
 from fitness.sim.engine import simulate
+from fitness.sim.latency_model import FITTED_NON_STEP_NAMES
 from fitness.sim.models import ExpressionLatencyModel
 from fitness.validate import split_terms
 from primitives.data.experiments import LATENCY_FILE_KEYS, load_experiment
@@ -200,7 +201,7 @@ def test_linearised_rows_follow_the_closed_loop_where_teacher_forcing_cannot(tmp
         + 1.3 * t.columns["kv_io_time_us"]
         + 30.0 * t.columns["allreduce_calls"]
     )
-    queue = np.array([OVERHEADS["queueing_base_us"], 0.0])
+    queue = np.array([OVERHEADS.get(n, 0.0) for n in FITTED_NON_STEP_NAMES])
     for m, field in [("e2e", "e2e_mean_s"), ("ttft", "ttft_mean_s")]:
         i = labels[(m, "all")]
         linearised = (t.weights[i] @ step_us + t.overhead[i] @ queue + t.fixed_us[i]) / 1e6

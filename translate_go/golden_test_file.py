@@ -32,9 +32,19 @@ from translate_go.non_step import non_step_go_names
 from translate_go.printer import go_float_literal
 
 QUEUE_TEST_INPUT_TOKENS = 1000  # prompt length the QueueingTime test case uses
+BENCH_BATCH_REQUESTS = 128  # requests in the template's benchBatch (the step before the load case)
 STANDALONE_MODEL_HELPER = """// goldenModel is the model under test (its constants are baked in).
 func goldenModel(testing.TB) *Model { return NewModel() }
 """
+
+
+def _queueing_us(overheads: dict[str, float], running: int) -> int:
+    """QueueingTime Python expects for the test's prompt with RUNNING requests in the last step."""
+    return round_overhead_us(
+        overheads["queueing_base_us"]
+        + overheads["queueing_per_input_token_us"] * QUEUE_TEST_INPUT_TOKENS
+        + overheads["queueing_per_running_request_us"] * running
+    )
 
 
 def _method_rows(interface: str, overheads: dict[str, float]) -> str:
@@ -42,9 +52,7 @@ def _method_rows(interface: str, overheads: dict[str, float]) -> str:
     expected = [
         (
             f"QueueingTime(&Request{{InputTokens: goldenTokens[:{QUEUE_TEST_INPUT_TOKENS}]}})",
-            round_overhead_us(
-                overheads["queueing_base_us"] + overheads["queueing_per_input_token_us"] * QUEUE_TEST_INPUT_TOKENS
-            ),
+            _queueing_us(overheads, 0),  # a fresh model has priced no step yet
         ),
         ("OutputTokenProcessingTime()", round_overhead_us(overheads["output_token_processing_us"])),
     ]
@@ -119,6 +127,8 @@ def golden_test_source(
         empty_batch_us=go_float_literal(empty_us) if math.isfinite(empty_us) else "0.0",
         empty_batch_finite="true" if math.isfinite(empty_us) else "false",
         method_rows=_method_rows(interface, overheads),
+        queue_input_tokens=QUEUE_TEST_INPUT_TOKENS,
+        queue_after_batch_us=_queueing_us(overheads, BENCH_BATCH_REQUESTS),
     )
 
 

@@ -150,10 +150,12 @@ def step_program(expr: sp.Expr, deployment: Deployment, method_of: str = ""):
 
 
 def queueing_go() -> str:
-    """QueueingTime's µs in Go: a fixed part and a part per prompt token."""
+    """QueueingTime's µs in Go: a fixed part, a part per prompt token and one per request of
+    the step running at arrival (``fitness.sim.latency_model``)."""
     names = non_step_go_names()
     return format_go_expr(
         f"{names['queueing_base_us']} + {names['queueing_per_input_token_us']}*float64(len(req.InputTokens))"
+        f" + {names['queueing_per_running_request_us']}*float64(m.lastBatchRequests)"
     )
 
 

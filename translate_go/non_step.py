@@ -1,6 +1,6 @@
 """An archive entry's non-step terms (``overheads``) and their Go constants.
 
-The six terms, their Go constant names and their docs are defined once, in
+The seven terms, their Go constant names and their docs are defined once, in
 ``fitness.sim.latency_model.NON_STEP_TERMS``; this module only validates an entry's
 values and prints the const block.
 """
@@ -17,7 +17,7 @@ from translate_go.printer import go_float_literal
 
 
 def resolve_overheads(entry: ArchiveEntry) -> tuple[dict[str, float], list[str]]:
-    """All six non-step terms (µs) and the names that fell back to BLIS's default 0."""
+    """All seven non-step terms (µs) and the names that fell back to BLIS's default 0."""
     given = dict(entry.overheads or {})
     unknown = sorted(set(given) - set(NON_STEP_NAMES))
     if unknown:

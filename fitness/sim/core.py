@@ -36,7 +36,7 @@ from fitness.sim.core_kv import (
     release,
     take,
 )
-from fitness.sim.core_log import drain_time_us, grow, write_batch
+from fitness.sim.core_log import drain_time_us, grow, next_enqueue_us, send_until, take_enqueued, write_batch
 from fitness.sim.kv_cache import BLOCK, request_key
 from fitness.sim.recording import ABORTED, FINISHED, PENDING, REJECTED, RUNNING, WAITING
 from primitives import lookup as kernel_lookup
@@ -53,6 +53,7 @@ def run_closed_loop(
     req_user,
     offsets_s,
     queue_us,
+    per_running_us,
     stage_first,
     interval_s,
     timeout_us,
@@ -89,6 +90,10 @@ def run_closed_loop(
     slot_of = np.full(n, -1, dtype=np.int64)
     send = np.full(n, np.nan)
     enq = np.full(n, np.nan)
+    send_depth = np.zeros(n, dtype=np.int64)  # requests in the step running when each was sent
+    pend = np.zeros(n + 1, dtype=np.int64)  # sent, not yet enqueued (in send order)
+    ready = np.zeros(n + 1, dtype=np.int64)
+    last_batch = 0  # requests in the latest step (BLIS's model remembers it the same way)
     stage_start = np.zeros(n_stages)
     # KV pool (fitness.sim.core_kv)
     st = np.zeros(N_KV_STATE, dtype=np.int64)
@@ -167,10 +172,11 @@ def run_closed_loop(
         stage_start[si] = start_us
         for r in range(lo, hi):
             send[r] = start_us + offsets_s[r] * US_PER_S
-            enq[r] = send[r] + queue_us[r]
-        order = lo + np.argsort(enq[lo:hi], kind="mergesort")
+        order = lo + np.argsort(send[lo:hi] + queue_us[lo:hi], kind="mergesort")
         n_stage = hi - lo
-        ptr = 0
+        sent = lo
+        n_pend = 0
+        optr = 0
         p_dead = lo
         done = 0
         for r in range(lo, hi):  # Scheduler.reject_too_long
@@ -178,14 +184,17 @@ def run_closed_loop(
                 status[r] = REJECTED
                 done += 1
         while True:
-            while ptr < n_stage and enq[order[ptr]] <= T:  # Scheduler.enqueue
-                r = order[ptr]
+            sent, n_pend = send_until(
+                T, sent, hi, send, queue_us, per_running_us, last_batch, send_depth, enq, pend, n_pend
+            )
+            n_ready, n_pend = take_enqueued(T, enq, pend, n_pend, ready)
+            for i in range(n_ready):  # Scheduler.enqueue
+                r = ready[i]
                 if status[r] == PENDING:
                     status[r] = WAITING
                     wq[(w_head + w_len) % (n + 1)] = r
                     w_len += 1
                     n_wait += 1
-                ptr += 1
             while p_dead < hi and send[p_dead] + timeout_us <= T:  # Scheduler.abort
                 r = p_dead
                 s = status[r]
@@ -219,11 +228,14 @@ def run_closed_loop(
                     release(slot_of[r], blk, nblk, st, tab, lru_keys, free_slots)
                     slot_of[r] = -1
                 n_fin = 0
-                if done >= n_stage:
+                if done >= n_stage:  # requests rejected before they were sent still get their times
+                    send_until(np.inf, sent, hi, send, queue_us, per_running_us, last_batch, send_depth, enq, pend, 0)
                     break
-                if ptr >= n_stage:
+                if n_pend == 0 and sent >= hi:
                     raise RuntimeError("simulator invariant: a stage has requests neither done nor in the engine")
-                e = enq[order[ptr]]
+                e, optr = next_enqueue_us(
+                    sent, send, queue_us, per_running_us, last_batch, enq, pend, n_pend, order, optr
+                )
                 T = e if e > T else T
                 continue
 
@@ -421,6 +433,7 @@ def run_closed_loop(
                     b_out, b_req = grow(b_out, rows + m), grow(b_req, rows + m)
                 write_batch(b_prog, b_new, b_in, b_out, b_req, rows, rcomp, alloc, rlen, rout, rid, n_run)
             rows += m
+            last_batch = m
             s_off[k + 1] = rows
             n_steps += 1
             synced = False
@@ -464,7 +477,7 @@ def run_closed_loop(
         s_start[:n_steps], s_time[:n_steps], s_cycle[:n_steps], s_pre[:n_steps], s_kv[:n_steps],
         s_follows[:n_steps], s_gapless[:n_steps], s_off[: n_steps + 1],
         b_prog[:rows], b_new[:rows], b_in[:rows], b_out[:rows], b_req[:rows],
-        t_step[:n_tok], t_req[:n_tok], total_pre, kv_free(st), held_blocks(tab),
+        t_step[:n_tok], t_req[:n_tok], total_pre, kv_free(st), held_blocks(tab), send_depth,
     )  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""The compiled core's step-log buffers and the stage drain (``fitness.sim.core``)."""
+"""The compiled core's step-log buffers, the client's sends and the stage drain (``fitness.sim.core``)."""
 
 from __future__ import annotations
 
@@ -49,3 +49,55 @@ def write_batch(b_prog, b_new, b_in, b_out, b_req, row, comp, alloc, inlen, outl
         if alloc[i] > 0:
             b_prog[row], b_new[row], b_in[row], b_out[row], b_req[row] = comp[i], alloc[i], inlen[i], outlen[i], rid[i]
             row += 1
+
+
+@njit(cache=True)
+def send_until(t_us, sent, hi, send, queue_us, per_running_us, depth, send_depth, enq, pend, n_pend):
+    """``engine._ClosedLoop.send_until``: the requests from SENT on that the client sent by
+    T_US get their enqueue time, counting the DEPTH requests of the step running then."""
+    while sent < hi and send[sent] <= t_us:
+        send_depth[sent] = depth
+        enq[sent] = send[sent] + queue_us[sent] + per_running_us * depth
+        pend[n_pend] = sent
+        n_pend += 1
+        sent += 1
+    return sent, n_pend
+
+
+@njit(cache=True)
+def take_enqueued(t_us, enq, pend, n_pend, ready):
+    """The pending requests enqueued by T_US, into READY in enqueue order (ties: sent first).
+    Returns (how many are ready, how many still pend)."""
+    n_ready = 0
+    w = 0
+    for i in range(n_pend):
+        r = pend[i]
+        if enq[r] <= t_us:
+            ready[n_ready] = r
+            n_ready += 1
+        else:
+            pend[w] = r
+            w += 1
+    if n_ready > 1:
+        idx = np.argsort(enq[ready[:n_ready]], kind="mergesort")
+        ready[:n_ready] = ready[:n_ready][idx]
+    return n_ready, w
+
+
+@njit(cache=True)
+def next_enqueue_us(sent, send, queue_us, per_running_us, depth, enq, pend, n_pend, order, optr):
+    """The engine idles until the next enqueue: of a request already sent, or of the first
+    one still to send (ORDER: the stage's requests by send + static queueing time; OPTR
+    skips the sent ones). Returns (that time, OPTR)."""
+    best = np.inf
+    for i in range(n_pend):
+        if enq[pend[i]] < best:
+            best = enq[pend[i]]
+    while optr < len(order) and order[optr] < sent:
+        optr += 1
+    if optr < len(order):
+        r = order[optr]
+        e = send[r] + queue_us[r] + per_running_us * depth
+        if e < best:
+            best = e
+    return best, optr

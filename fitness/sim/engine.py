@@ -116,8 +116,7 @@ def step_program_of(model: LatencyModel, required: bool = False) -> StepProgram 
 class LoopOutcome:
     """What one closed loop leaves behind, whichever engine ran it (``measure`` turns it into a result)."""
 
-    prompt_len: np.ndarray  # per request: its inputs (``_request_inputs``)
-    queueing_us: np.ndarray
+    prompt_len: np.ndarray  # per request: its prompt length (``_request_inputs``)
     send_us: np.ndarray
     enqueue_us: np.ndarray
     stage_start_us: np.ndarray
@@ -141,6 +140,7 @@ class LoopOutcome:
     total_preemptions: int
     kv_free_blocks: int
     kv_held_blocks: int
+    send_depth: np.ndarray  # per request: requests in the step running when it was sent
 
 
 def _request_inputs(load: LoadPlan, model: LatencyModel) -> tuple[np.ndarray, np.ndarray]:
@@ -165,6 +165,7 @@ def _compiled_outcome(spec, model, load: LoadPlan, kv_total: int, record: bool, 
         np.asarray(load.request_user, dtype=np.int64),
         np.asarray(offsets, dtype=np.float64),
         queue_us,
+        float(model.queueing_per_running_request_us),
         np.asarray(load.stage_first_request, dtype=np.int64),
         float(load.stage_interval_s),
         float(load.timeout_s * US_PER_S),
@@ -186,10 +187,11 @@ def _compiled_outcome(spec, model, load: LoadPlan, kv_total: int, record: bool, 
         scales,
     )
     return LoopOutcome(
-        prompt_len, queue_us, *out[7:10], *out[:7], *out[10:18],
+        prompt_len, *out[7:10], *out[:7], *out[10:18],
         batch=list(out[18:23]) if record else None,
         token_log=(out[23], out[24]) if distributions else None,
         total_preemptions=int(out[25]), kv_free_blocks=int(out[26]), kv_held_blocks=int(out[27]),
+        send_depth=out[28],
     )  # fmt: skip
 
 
@@ -211,8 +213,13 @@ class _ClosedLoop:
         self.target = int(load.output_len)
         self.timeout_us = load.timeout_s * US_PER_S
         self.sched = Scheduler(spec, load, self.req_L, kv_total)
+        self.per_running_us = float(model.queueing_per_running_request_us)
         self.send_us = np.full(n, np.nan)
         self.enq_us = np.full(n, np.nan)
+        self.send_depth = np.zeros(n, dtype=np.int64)
+        self.last_batch = 0  # requests in the latest step (BLIS's model remembers it the same way)
+        self.sent = 0  # requests below it are sent
+        self.pending: list[int] = []  # sent, not yet enqueued (in send order)
         self.steps = StepLog(record, min(int(n * (self.target + 2) * 1.05), 1 << 22) if record else 1)
 
         self.T = 0.0
@@ -243,36 +250,56 @@ class _ClosedLoop:
             start_us = 0.0
         self.stage_start[si] = start_us
         self.send_us[lo:hi] = start_us + load.stage_offsets_s[si] * US_PER_S
-        self.enq_us[lo:hi] = self.send_us[lo:hi] + self.q_us[lo:hi]
         deadline = self.send_us + self.timeout_us  # monotone in the request index
-        order = lo + np.argsort(self.enq_us[lo:hi], kind="stable")
-        enq_sorted = self.enq_us[order]
+        # the stage's requests by send time plus the queueing time known at sending
+        order = lo + np.argsort(self.send_us[lo:hi] + self.q_us[lo:hi], kind="stable")
+        optr = 0  # order[:optr] are sent
+        self.sent, self.pending = lo, []
         n_stage = hi - lo
-        ptr = 0  # next request (in enqueue order) to enqueue
         p_dead = lo  # every request below p_dead is done or has a deadline in the future
         done = sched.reject_too_long(lo, hi)
 
         while True:
-            # 1. arrivals enqueued by now
-            while ptr < n_stage and enq_sorted[ptr] <= self.T:
-                sched.enqueue(int(order[ptr]))
-                ptr += 1
+            # 1. arrivals sent and enqueued by now
+            self.send_until(self.T, hi)
+            ready = [r for r in self.pending if self.enq_us[r] <= self.T]
+            self.pending = [r for r in self.pending if self.enq_us[r] > self.T]
+            for r in sorted(ready, key=lambda r: self.enq_us[r]):  # stable: ties in send order
+                sched.enqueue(r)
             # 2. client timeouts reach the engine
             while p_dead < hi and deadline[p_dead] <= self.T:
                 done += sched.abort(p_dead)
                 p_dead += 1
             if done >= n_stage:
                 sched.release_finishing()
+                self.send_until(np.inf, hi)  # requests rejected before they were sent get their times
                 break
             if sched.idle():
                 sched.release_finishing()  # the engine idles: the last outputs get processed
-                if ptr >= n_stage:  # every request enqueued and none left in the engine
+                if not self.pending and self.sent >= hi:  # every request enqueued and none left in the engine
                     raise RuntimeError(
                         f"simulator invariant: stage {si} has {n_stage - done} requests neither done nor in the engine"
                     )
-                self.T = max(self.T, float(enq_sorted[ptr]))  # idle until the next enqueue
+                # idle until the next enqueue: of a request sent, or of the next one to send
+                while optr < n_stage and order[optr] < self.sent:
+                    optr += 1
+                nxt = [self.enq_us[r] for r in self.pending]
+                if optr < n_stage:
+                    r = int(order[optr])
+                    nxt.append(self.send_us[r] + self.q_us[r] + self.per_running_us * self.last_batch)
+                self.T = max(self.T, float(min(nxt)))
                 continue
             done += self.step()
+
+    def send_until(self, t_us: float, hi: int) -> None:
+        """The requests the client sent by T_US get their enqueue time: the queueing time
+        known at sending, plus the term per request of the step running then."""
+        while self.sent < hi and self.send_us[self.sent] <= t_us:
+            r = self.sent
+            self.send_depth[r] = self.last_batch
+            self.enq_us[r] = self.send_us[r] + self.q_us[r] + self.per_running_us * self.last_batch
+            self.pending.append(r)
+            self.sent += 1
 
     def step(self) -> int:
         """Schedule and run one step (or reject a request that can never run). Returns requests done."""
@@ -292,6 +319,7 @@ class _ClosedLoop:
                 return 0
             return sched.reject_head()
         batch = sched.batch(b_prog, b_new)
+        self.last_batch = len(b_new)
         t_model = float(self.step_time(*batch[:4]))
         cycle = t_model * float(self.scales[k % len(self.scales)]) + self.sched_us + n_pre * self.preempt_us
         T = self.T
@@ -313,7 +341,7 @@ class _ClosedLoop:
             req_of = np.concatenate([r for _, r in log]) if log else np.zeros(0, dtype=np.int64)
             token_log = (step_of, req_of)
         return LoopOutcome(
-            self.req_L, self.q_us, self.send_us, self.enq_us, self.stage_start,
+            self.req_L, self.send_us, self.enq_us, self.stage_start,
             sched.status, sched.out_tok, sched.admit_step, sched.first_step, sched.last_step, sched.n_preempt,
             sched.hit_tokens,
             np.array(steps.start, dtype=np.float64), np.array(steps.time, dtype=np.float64),
@@ -322,7 +350,7 @@ class _ClosedLoop:
             np.array(steps.gapless, dtype=bool), np.array(steps.offsets, dtype=np.int64),
             batch=steps.batches.arrays() if self.record else None, token_log=token_log,
             total_preemptions=sched.total_preempt, kv_free_blocks=sched.kv.free(),
-            kv_held_blocks=sched.kv.held_blocks(),
+            kv_held_blocks=sched.kv.held_blocks(), send_depth=self.send_depth,
         )  # fmt: skip
 
 
@@ -336,7 +364,7 @@ def measure(
     """Client-side measurement of a closed loop's outcome, and its recording (``step_scales``:
     the multipliers the steps' times got, which the recording keeps for the replay)."""
     n = load.num_requests
-    prompt_len, queue_us = run.prompt_len, run.queueing_us
+    prompt_len = run.prompt_len
     otp_us, gap_us = float(model.output_token_processing_us), float(model.event_gap_us)
     start, cyc, next_contig, out_us = _step_timeline(run.step_start_us, run.step_cycle_us, run.step_follows, otp_us)
     n_steps = len(start)
@@ -396,7 +424,8 @@ def measure(
             batch_output_len=outl,
             batch_request=reqi,
             send_us=run.send_us,
-            queueing_us=queue_us,
+            queueing_us=run.enqueue_us - run.send_us,
+            send_depth=run.send_depth,
             input_len=prompt_len,
             target_tokens=requests.target_tokens,
             stage=stage_arr,

@@ -6,10 +6,14 @@ Contract (all times in µs, the units of BLIS's ``sim.LatencyModel``):
   of one scheduler step over the batch's per-request fields (BLIS's ``ProgressIndex``,
   ``NumNewTokens``, ``len(InputTokens)``, ``len(OutputTokens)`` so far). It is at least
   1 µs, also for an empty batch, and never NaN (BLIS's ``StepTime`` contract).
-* the six **non-step terms** below, defined once here with the BLIS (or seed-interface)
+* the seven **non-step terms** below, defined once here with the BLIS (or seed-interface)
   method each becomes: the archive stores them by ``name``, the simulator and replay read
   them as attributes, and ``translate_go`` prints them under ``go_name``;
-* ``queueing_time_us(input_len)``: QueueingTime of each request, from the two queueing terms;
+* ``queueing_time_us(input_len)``: the part of each request's QueueingTime known when it is
+  sent, from the two static queueing terms. The third, ``queueing_per_running_request_us``,
+  counts the requests of the step running when it arrives (the API server streams their
+  tokens on the same event loop that takes the new request in); the simulator and replay
+  apply it where they know that step, and the Go model remembers its last batch;
 * ``event_gap_us``: not a latency term but the client's measurement, the gap between the two
   streamed events of a token (the simulator measures with the model's, so a test can set it).
 
@@ -48,6 +52,12 @@ NON_STEP_TERMS: tuple[NonStepTerm, ...] = (
         "QueueingTime: per prompt token (tokenisation)",
     ),
     NonStepTerm(
+        "queueing_per_running_request_us",
+        "QueueingTime",
+        "queueingPerRunningRequestUs",
+        "QueueingTime: per request in the step running at arrival",
+    ),
+    NonStepTerm(
         "output_token_processing_us",
         "OutputTokenProcessingTime",
         "outputTokenProcessingUs",
@@ -75,7 +85,11 @@ NON_STEP_TERMS: tuple[NonStepTerm, ...] = (
 NON_STEP_NAMES: tuple[str, ...] = tuple(t.name for t in NON_STEP_TERMS)
 NON_STEP_BY_NAME: dict[str, NonStepTerm] = {t.name: t for t in NON_STEP_TERMS}
 # the terms a replay fit solves for (the others cannot be told apart in client metrics)
-FITTED_NON_STEP_NAMES: tuple[str, ...] = ("queueing_base_us", "queueing_per_input_token_us")
+FITTED_NON_STEP_NAMES: tuple[str, ...] = (
+    "queueing_base_us",
+    "queueing_per_input_token_us",
+    "queueing_per_running_request_us",
+)
 # the terms the simulated server applies (PostDecodeFixedOverhead is BLIS's alone)
 SIMULATED_NON_STEP_NAMES: tuple[str, ...] = tuple(n for n in NON_STEP_NAMES if n != "post_decode_fixed_us")
 
@@ -115,6 +129,7 @@ class LatencyModel(Protocol):
 
     queueing_base_us: float
     queueing_per_input_token_us: float
+    queueing_per_running_request_us: float  # per request of the step running at arrival
     output_token_processing_us: float  # engine emits a token -> client receives it
     scheduling_processing_us: float  # added to every step's cycle
     preemption_processing_us: float  # added to a step's cycle per preemption

@@ -85,7 +85,7 @@ class Trajectory:
     batch_request: np.ndarray
     # per request
     send_us: np.ndarray
-    queueing_us: np.ndarray
+    queueing_us: np.ndarray  # send -> enqueued, as the run applied it (the load term included)
     input_len: np.ndarray
     target_tokens: np.ndarray
     stage: np.ndarray
@@ -101,6 +101,9 @@ class Trajectory:
     name: str = ""
     # step k's time was the model's times step_scale[k] (the measured scatter); None: exactly the model's
     step_scale: np.ndarray | None = None
+    # per request: requests in the step running when it was sent (what
+    # queueing_per_running_request_us multiplies; None: a recording from before that term)
+    send_depth: np.ndarray | None = None
 
     @property
     def n_steps(self) -> int:

@@ -5,7 +5,8 @@ step cycles change (``cycle_k = step_time_us[k] + scheduling_processing_us +
 preemption_processing_us * preemptions_k``). Every request's path is a contiguous run of
 steps, so its client times are sums of cycles along the path:
 
-* wait: ``queueing_time_us(input_len)`` (send -> enqueued), then the rest of the step that
+* wait: ``queueing_time_us(input_len)`` plus ``queueing_per_running_request_us`` times the
+  requests of the step running at sending (send -> enqueued), then the rest of the step that
   was running at that moment (``(1 - enq_frac) * cycle[enq_step]``), then the steps from
   ``wait_from_step`` on;
 * a token sampled at step k reaches the client at the end of step k+1 (one-step output
@@ -64,6 +65,7 @@ class _Paths:
     cf: np.ndarray  # step ft's outputs wait for the end of step ft+1 (asynchronous scheduling)
     cl: np.ndarray
     input_len: np.ndarray
+    send_depth: np.ndarray  # requests in the step running when it was sent
     n_tokens: np.ndarray
     stage: np.ndarray
     gaps: np.ndarray
@@ -89,6 +91,7 @@ def _paths(traj: Trajectory) -> _Paths:
         cf=nc[ft] if len(ft) else np.zeros(0, bool),
         cl=nc[lt] if len(lt) else np.zeros(0, bool),
         input_len=traj.input_len[ok].astype(np.float64),
+        send_depth=(traj.send_depth[ok] if traj.send_depth is not None else np.zeros(int(ok.sum()))).astype(np.float64),
         n_tokens=n_tok,
         stage=traj.stage[ok],
         gaps=EVENTS_PER_TOKEN * n_tok - 1,
@@ -117,6 +120,7 @@ def replay_times(traj: Trajectory, step_time_us: np.ndarray, overheads: LatencyM
     P = np.concatenate([[0.0], np.cumsum(cyc)])
     nxt = np.append(cyc, 0.0)  # cycle of step k+1 (0 past the end)
     q = np.asarray(overheads.queueing_time_us(p.input_len), dtype=np.float64)
+    q = q + float(overheads.queueing_per_running_request_us) * p.send_depth
     otp = float(overheads.output_token_processing_us)
     gap = float(overheads.event_gap_us)
     wait = p.wait_coef * cyc[np.maximum(p.s, 0)] if n else np.zeros(len(p.b))
@@ -174,11 +178,13 @@ def _forms(
     w_first = wait + _range_weights(p.b, p.ft, one, n) + _point_weights(p.ft + 1, one * p.cf, n)
     w_last = wait + _range_weights(p.b, p.lt, one, n) + _point_weights(p.lt + 1, one * p.cl, n)
     mean_len = float(p.input_len.mean())
+    mean_depth = float(p.send_depth.mean())
 
     def const(w: np.ndarray, queue: float, otp: float, gap: float) -> dict[str, float]:
         return {
             "queueing_base_us": queue,
             "queueing_per_input_token_us": queue * mean_len,
+            "queueing_per_running_request_us": queue * mean_depth,
             "output_token_processing_us": otp,
             "scheduling_processing_us": float(w.sum()),
             "preemption_processing_us": float(w @ npre),
@@ -212,7 +218,8 @@ def metric_weights(traj: Trajectory, stages: bool = True) -> dict[str, tuple[np.
     ``e2e``, ``ttft``, ``itl``, ``tpot`` (means over successful requests; ITL pooled as the
     load generator does) and ``stage_<i>/<metric>`` per stage. ``const`` holds the
     coefficient of every name in ``OVERHEAD_NAMES``: the queueing time
-    enters as ``queueing_base_us + queueing_per_input_token_us * input_len``; the per-step
+    enters as ``queueing_base_us + queueing_per_input_token_us * input_len +
+    queueing_per_running_request_us * send_depth``; the per-step
     CPU overheads through the step cycles.
     """
     p = _paths(traj)
