@@ -46,6 +46,9 @@ class FitnessContext:
 
     def __post_init__(self):
         self.efficiency_bounds = as_bounds(self.efficiency_bounds)  # a (lower, upper) pair: no caps
+        unknown = set(self.fitted_non_step) - set(FITTED_NON_STEP_NAMES)
+        if unknown:
+            raise ValueError(f"fitted_non_step: {sorted(unknown)} are not fitted non-step terms")
 
 
 @dataclass
@@ -347,6 +350,7 @@ def fit_terms(
     theta = bounded_gram(G, h, lower, upper)
     if theta is None:
         return _worst()
+    theta[upper == 0.0] = 0.0  # a term held at 0 is 0, not the solver's denormal
     coefs, intercept, over = theta[:k], float(theta[k]), theta[k + 1 :]
     probes = ctx.replay.probes if ctx.replay is not None else None
     if probes is not None and not _positive_on(probes, terms, theta[: k + 1]):

@@ -30,7 +30,7 @@ def test_a_queue_forms_only_while_every_slot_is_held(tmp_path):
     held = np.bincount(last[gapless[np.minimum(last + 1, traj.n_steps - 1)]] + 1, minlength=traj.n_steps + 1)
     assert np.array_equal(running - batch, held[: traj.n_steps]) and (running > batch).any()
     # every request waits from its enqueue to its admission: the steps' waiting sums to that
-    enq_step = np.searchsorted(traj.step_start_us, traj.send_us + traj.queueing_us, side="left")
+    enq_step = np.searchsorted(traj.step_start_us, traj.enqueue_us, side="left")
     assert waiting.sum() == (traj.admit_step - enq_step).sum()
 
 
@@ -65,4 +65,4 @@ def test_the_queueing_time_counts_the_step_running_at_sending(tmp_path):
         k = np.searchsorted(traj.step_start_us, traj.send_us, side="left") - 1
         want = np.where(k >= 0, batch[np.maximum(k, 0)], 0)
         assert np.array_equal(traj.send_depth, want) and set(want) == {0, 1, 2}, engine
-        assert np.allclose(traj.queueing_us, 1000.0 + 5000.0 * want, rtol=0, atol=1e-6)
+        assert np.allclose(traj.enqueue_us - traj.send_us, 1000.0 + 5000.0 * want, rtol=0, atol=1e-6)

@@ -121,6 +121,25 @@ def test_compiled_core_equals_python_loop(name):
     assert py.n_steps > 0
 
 
+def test_a_request_rejected_after_its_stage_drained_still_delays_the_next_stage():
+    # stage 0: one short request at 0 s, then a too-long one sent at 1.5 s, when the first
+    # has long finished: the client still waits for the rejection (send + queueing time)
+    # before the next stage starts, and both engines agree
+    plan = dataclasses.replace(
+        plan_([4095, 40], [0, 0], [0, 1], [0.0, 1.5], [1, 0, 1], 3),
+        request_stage=np.array([0, 0, 1]),
+        stage_offsets_s=(np.array([0.0, 1.5]), np.array([0.0])),
+        stage_first_request=np.array([0, 2, 3]),
+        stage_interval_s=0.25,
+    )
+    over = dict(queueing_base_us=2000.0, queueing_per_running_request_us=700.0)
+    py, compiled = both(spec_(max_model_len=4096), DEP, expr_model("10000", **over), load=plan, kv_capacity_blocks=1000)
+    assert differences(py, compiled) == []
+    rejected = py.requests.enqueue_us[1]
+    assert rejected == pytest.approx(1.5e6 + 2000.0 + 700.0)  # the last step (1 request) before it was sent
+    assert py.stage_start_us[1] == pytest.approx(rejected + 0.25e6)
+
+
 def test_anchored_kernel_model_is_compiled_and_equal():
     dep = DeploymentResolver().resolve("mistralai/Mixtral-8x7B-v0.1", 2)
     spec = spec_(model="mistralai/Mixtral-8x7B-v0.1", tp=2, stages=((40.0, 3.0),), max_num_seqs=16, output_len=40)

@@ -32,7 +32,7 @@ from translate_go.non_step import non_step_go_names
 from translate_go.printer import go_float_literal
 
 QUEUE_TEST_INPUT_TOKENS = 1000  # prompt length the QueueingTime test case uses
-BENCH_BATCH_REQUESTS = 128  # requests in the template's benchBatch (the step before the load case)
+BENCH_BATCH_REQUESTS = 128  # requests in the template's benchBatch (also the step before the load case)
 STANDALONE_MODEL_HELPER = """// goldenModel is the model under test (its constants are baked in).
 func goldenModel(testing.TB) *Model { return NewModel() }
 """
@@ -129,6 +129,8 @@ def golden_test_source(
         method_rows=_method_rows(interface, overheads),
         queue_input_tokens=QUEUE_TEST_INPUT_TOKENS,
         queue_after_batch_us=_queueing_us(overheads, BENCH_BATCH_REQUESTS),
+        queue_idle_us=_queueing_us(overheads, 0),
+        bench_batch_requests=BENCH_BATCH_REQUESTS,
     )
 
 

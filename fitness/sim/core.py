@@ -36,7 +36,7 @@ from fitness.sim.core_kv import (
     release,
     take,
 )
-from fitness.sim.core_log import drain_time_us, grow, next_enqueue_us, send_until, take_enqueued, write_batch
+from fitness.sim.core_log import drain_time_us, grow, next_event_us, send_until, take_enqueued, write_batch
 from fitness.sim.kv_cache import BLOCK, request_key
 from fitness.sim.recording import ABORTED, FINISHED, PENDING, REJECTED, RUNNING, WAITING
 from primitives import lookup as kernel_lookup
@@ -172,11 +172,9 @@ def run_closed_loop(
         stage_start[si] = start_us
         for r in range(lo, hi):
             send[r] = start_us + offsets_s[r] * US_PER_S
-        order = lo + np.argsort(send[lo:hi] + queue_us[lo:hi], kind="mergesort")
         n_stage = hi - lo
-        sent = lo
+        sent = lo  # requests below it are sent
         n_pend = 0
-        optr = 0
         p_dead = lo
         done = 0
         for r in range(lo, hi):  # Scheduler.reject_too_long
@@ -233,9 +231,7 @@ def run_closed_loop(
                     break
                 if n_pend == 0 and sent >= hi:
                     raise RuntimeError("simulator invariant: a stage has requests neither done nor in the engine")
-                e, optr = next_enqueue_us(
-                    sent, send, queue_us, per_running_us, last_batch, enq, pend, n_pend, order, optr
-                )
+                e = next_event_us(sent, hi, send, enq, pend, n_pend)
                 T = e if e > T else T
                 continue
 

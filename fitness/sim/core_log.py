@@ -54,7 +54,8 @@ def write_batch(b_prog, b_new, b_in, b_out, b_req, row, comp, alloc, inlen, outl
 @njit(cache=True)
 def send_until(t_us, sent, hi, send, queue_us, per_running_us, depth, send_depth, enq, pend, n_pend):
     """``engine._ClosedLoop.send_until``: the requests from SENT on that the client sent by
-    T_US get their enqueue time, counting the DEPTH requests of the step running then."""
+    T_US get their enqueue time, counting the DEPTH requests of the step running then
+    (a negative queueing time enqueues a request when it is sent, never before)."""
     while sent < hi and send[sent] <= t_us:
         send_depth[sent] = depth
         enq[sent] = send[sent] + queue_us[sent] + per_running_us * depth
@@ -85,19 +86,11 @@ def take_enqueued(t_us, enq, pend, n_pend, ready):
 
 
 @njit(cache=True)
-def next_enqueue_us(sent, send, queue_us, per_running_us, depth, enq, pend, n_pend, order, optr):
-    """The engine idles until the next enqueue: of a request already sent, or of the first
-    one still to send (ORDER: the stage's requests by send + static queueing time; OPTR
-    skips the sent ones). Returns (that time, OPTR)."""
-    best = np.inf
+def next_event_us(sent, hi, send, enq, pend, n_pend):
+    """``engine._ClosedLoop.next_event_us``: an idle engine waits for the next enqueue of a
+    request already sent, or for the next send (whose enqueue time depends on the load then)."""
+    best = send[sent] if sent < hi else np.inf
     for i in range(n_pend):
         if enq[pend[i]] < best:
             best = enq[pend[i]]
-    while optr < len(order) and order[optr] < sent:
-        optr += 1
-    if optr < len(order):
-        r = order[optr]
-        e = send[r] + queue_us[r] + per_running_us * depth
-        if e < best:
-            best = e
-    return best, optr
+    return best

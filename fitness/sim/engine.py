@@ -251,9 +251,6 @@ class _ClosedLoop:
         self.stage_start[si] = start_us
         self.send_us[lo:hi] = start_us + load.stage_offsets_s[si] * US_PER_S
         deadline = self.send_us + self.timeout_us  # monotone in the request index
-        # the stage's requests by send time plus the queueing time known at sending
-        order = lo + np.argsort(self.send_us[lo:hi] + self.q_us[lo:hi], kind="stable")
-        optr = 0  # order[:optr] are sent
         self.sent, self.pending = lo, []
         n_stage = hi - lo
         p_dead = lo  # every request below p_dead is done or has a deadline in the future
@@ -262,8 +259,10 @@ class _ClosedLoop:
         while True:
             # 1. arrivals sent and enqueued by now
             self.send_until(self.T, hi)
-            ready = [r for r in self.pending if self.enq_us[r] <= self.T]
-            self.pending = [r for r in self.pending if self.enq_us[r] > self.T]
+            ready, waiting = [], []
+            for r in self.pending:
+                (ready if self.enq_us[r] <= self.T else waiting).append(r)
+            self.pending = waiting
             for r in sorted(ready, key=lambda r: self.enq_us[r]):  # stable: ties in send order
                 sched.enqueue(r)
             # 2. client timeouts reach the engine
@@ -280,26 +279,28 @@ class _ClosedLoop:
                     raise RuntimeError(
                         f"simulator invariant: stage {si} has {n_stage - done} requests neither done nor in the engine"
                     )
-                # idle until the next enqueue: of a request sent, or of the next one to send
-                while optr < n_stage and order[optr] < self.sent:
-                    optr += 1
-                nxt = [self.enq_us[r] for r in self.pending]
-                if optr < n_stage:
-                    r = int(order[optr])
-                    nxt.append(self.send_us[r] + self.q_us[r] + self.per_running_us * self.last_batch)
-                self.T = max(self.T, float(min(nxt)))
+                self.T = max(self.T, self.next_event_us(hi))
                 continue
             done += self.step()
 
     def send_until(self, t_us: float, hi: int) -> None:
         """The requests the client sent by T_US get their enqueue time: the queueing time
-        known at sending, plus the term per request of the step running then."""
+        known at sending, plus the term per request of the step running then. (A negative
+        queueing time enqueues a request when it is sent, never before.)"""
         while self.sent < hi and self.send_us[self.sent] <= t_us:
             r = self.sent
             self.send_depth[r] = self.last_batch
             self.enq_us[r] = self.send_us[r] + self.q_us[r] + self.per_running_us * self.last_batch
             self.pending.append(r)
             self.sent += 1
+
+    def next_event_us(self, hi: int) -> float:
+        """An idle engine waits for the next enqueue of a request already sent, or for the
+        next send (whose enqueue time depends on the load then)."""
+        nxt = [self.enq_us[r] for r in self.pending]
+        if self.sent < hi:
+            nxt.append(self.send_us[self.sent])
+        return float(min(nxt))
 
     def step(self) -> int:
         """Schedule and run one step (or reject a request that can never run). Returns requests done."""
@@ -319,7 +320,7 @@ class _ClosedLoop:
                 return 0
             return sched.reject_head()
         batch = sched.batch(b_prog, b_new)
-        self.last_batch = len(b_new)
+        self.last_batch = len(batch[1])  # the requests that compute tokens (BLIS's scheduled)
         t_model = float(self.step_time(*batch[:4]))
         cycle = t_model * float(self.scales[k % len(self.scales)]) + self.sched_us + n_pre * self.preempt_us
         T = self.T
@@ -424,7 +425,7 @@ def measure(
             batch_output_len=outl,
             batch_request=reqi,
             send_us=run.send_us,
-            queueing_us=run.enqueue_us - run.send_us,
+            enqueue_us=run.enqueue_us,
             send_depth=run.send_depth,
             input_len=prompt_len,
             target_tokens=requests.target_tokens,

@@ -85,7 +85,7 @@ class Trajectory:
     batch_request: np.ndarray
     # per request
     send_us: np.ndarray
-    queueing_us: np.ndarray  # send -> enqueued, as the run applied it (the load term included)
+    enqueue_us: np.ndarray  # when it reached the scheduler's queue: sent + its QueueingTime
     input_len: np.ndarray
     target_tokens: np.ndarray
     stage: np.ndarray
@@ -162,7 +162,7 @@ class Trajectory:
         """
         start = self.step_start_us
         n_steps = len(start)
-        enq = self.send_us + self.queueing_us
+        enq = self.enqueue_us
         # first wait: [first step starting at/after enqueue, admission step)
         ok = np.isfinite(enq) & (status != REJECTED)
         first = np.searchsorted(start, enq[ok], side="left")
