@@ -8,8 +8,10 @@ the KV cache with prefix caching (``fitness.sim.kv_cache``), driven by this even
   scheduling_processing_us (+ preemption_processing_us per preemption)``; its tokens reach
   the client at the end of the *following* step (at the end of the step itself when the
   engine idles afterwards) plus ``output_token_processing_us``. A request is enqueued
-  ``queueing_time_us(input_len)`` after it is sent (HTTP + tokenisation). The engine
-  idles until the next enqueue when nothing is runnable.
+  ``queueing_time_us(input_len)`` (HTTP + tokenisation) plus ``queueing_per_running_request_us``
+  times the requests of the last step started before it was sent (0 before the first) after
+  it is sent, never before. The engine idles until the next send or enqueue when nothing
+  is runnable.
 * **Timeouts**: the client gives up ``request_timeout_s`` after sending; the engine
   aborts the request (freeing its KV blocks and slot) at the first step start after.
 * **Stages** start once the previous one has drained (client side), after the interval.

@@ -11,9 +11,10 @@ Contract (all times in µs, the units of BLIS's ``sim.LatencyModel``):
   them as attributes, and ``translate_go`` prints them under ``go_name``;
 * ``queueing_time_us(input_len)``: the part of each request's QueueingTime known when it is
   sent, from the two static queueing terms. The third, ``queueing_per_running_request_us``,
-  counts the requests of the step running when it arrives (the API server streams their
-  tokens on the same event loop that takes the new request in); the simulator and replay
-  apply it where they know that step, and the Go model remembers its last batch;
+  counts the requests of the step running when it arrives (the clients' median TTFT grows
+  with them; likely the API server, which streams their tokens on the asyncio loop that
+  takes new requests in); the simulator and replay apply it where they know that step,
+  and the Go model remembers its last batch;
 * ``event_gap_us``: not a latency term but the client's measurement, the gap between the two
   streamed events of a token (the simulator measures with the model's, so a test can set it).
 
