@@ -24,6 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evolve.cli_parser import OneLineParser  # noqa: E402
+from evolve.report import short_experiment_name  # noqa: E402
 
 STAGE_FIELDS = (
     "rate_per_s",
@@ -62,8 +63,9 @@ def stage_rows(path: Path) -> tuple[str, list[dict]]:
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
                     raise BadInput(f"{path}: experiments[{i}].stages[{k}].{field}: expected a number, got {v!r}")
                 values[field] = float(v)
-            name = str(exp.get("name", f"experiment {i}"))
-            rows.append({"name": name[16:] if name[:8].isdigit() else name, "stage": k, **values})
+            name = short_experiment_name(str(exp.get("name", f"experiment {i}")))
+            running = values["rate_per_s"] * values["e2e_mean_obs_s"]  # Little's law on the observed run
+            rows.append({"name": name, "stage": k, "running": running, **values})
     if not rows:
         raise BadInput(f"{path}: experiments: no load stage with observed results")
     return str(data.get("id", "?")), rows
@@ -71,7 +73,7 @@ def stage_rows(path: Path) -> tuple[str, list[dict]]:
 
 def gap_line(rows: list[dict]) -> tuple[float, float, float]:
     """(intercept ms, slope µs per running request, correlation) of the median TTFT's gap."""
-    running = np.array([r["rate_per_s"] * r["e2e_mean_obs_s"] for r in rows])
+    running = np.array([r["running"] for r in rows])
     gap_ms = np.array([1e3 * (r["ttft_p50_obs_s"] - r["ttft_p50_pred_s"]) for r in rows])
     if len(rows) < 3 or np.ptp(running) == 0:
         return float("nan"), float("nan"), float("nan")
@@ -85,9 +87,8 @@ def report(entry: str, rows: list[dict]) -> str:
         f"{'experiment':<{NAME_WIDTH}} {'stg':>3} {'req/s':>5} {'run':>5} {'p50':>6} {'gap':>5} {'mean':>6}",
     ]
     for r in rows:
-        running = r["rate_per_s"] * r["e2e_mean_obs_s"]
         lines.append(
-            f"{r['name'][:NAME_WIDTH]:<{NAME_WIDTH}} {r['stage']:>3} {r['rate_per_s']:>5.1f} {running:>5.1f}"
+            f"{r['name'][:NAME_WIDTH]:<{NAME_WIDTH}} {r['stage']:>3} {r['rate_per_s']:>5.1f} {r['running']:>5.1f}"
             f" {1e3 * r['ttft_p50_obs_s']:>6.1f} {1e3 * (r['ttft_p50_obs_s'] - r['ttft_p50_pred_s']):>+5.1f}"
             f" {1e3 * (r['ttft_mean_obs_s'] - r['ttft_mean_pred_s']):>+6.1f}"
         )

@@ -11,7 +11,8 @@ def bounded_gram(G: np.ndarray, h: np.ndarray, lower: np.ndarray, upper: np.ndar
     """min ||A x - b||, lower <= x <= upper, from the (k x k) normal equations G = A^T A, h = A^T b.
 
     A column that is all zero gets x = 0 (its lower bound would otherwise force a value
-    that the data can not see; an efficiency term that is zero on every row is unused).
+    that the data can not see; an efficiency term that is zero on every row is unused). A
+    term pinned by lower == upper gets exactly that value.
     """
     norms = np.sqrt(np.diag(G))
     keep = norms > 1e-12
@@ -34,5 +35,6 @@ def bounded_gram(G: np.ndarray, h: np.ndarray, lower: np.ndarray, upper: np.ndar
     except (np.linalg.LinAlgError, RuntimeError, ValueError):
         return None
     theta = np.zeros(len(G))
-    theta[keep] = sol / nk
+    pinned = lower[keep] == upper[keep]
+    theta[keep] = np.where(pinned, lower[keep], sol / nk)  # a pinned term is its bound, not bvls's ulp past it
     return theta

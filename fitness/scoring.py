@@ -350,7 +350,6 @@ def fit_terms(
     theta = bounded_gram(G, h, lower, upper)
     if theta is None:
         return _worst()
-    theta[upper == 0.0] = 0.0  # a term held at 0 is 0, not the solver's denormal
     coefs, intercept, over = theta[:k], float(theta[k]), theta[k + 1 :]
     probes = ctx.replay.probes if ctx.replay is not None else None
     if probes is not None and not _positive_on(probes, terms, theta[: k + 1]):

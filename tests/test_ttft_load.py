@@ -35,7 +35,7 @@ def test_the_gap_line_is_found(ttft_load, tmp_path, capsys):
     path = tmp_path / "v.json"
     _validation(path, {(r, e): -2.0 + 0.050 * r * e for r, e in loads})
     entry, rows = ttft_load.stage_rows(path)
-    assert entry == "abc" and len(rows) == 4 and rows[0]["name"] == "llama-2-70b-tp4-general"
+    assert entry == "abc" and len(rows) == 4 and rows[0]["name"] == "llama-2-70b tp4 general"
     a, b, r = ttft_load.gap_line(rows)
     assert a == pytest.approx(-2.0) and b == pytest.approx(50.0) and r == pytest.approx(1.0)
     assert ttft_load.main([str(path)]) == 0

@@ -13,6 +13,7 @@ import math
 import numpy as np
 import sympy as sp
 
+from fitness.sim.latency_model import queueing_time_us
 from primitives.deployment import Deployment
 from translate_go.golden import (
     DRAWS_PER_REQUEST,
@@ -40,11 +41,14 @@ func goldenModel(testing.TB) *Model { return NewModel() }
 
 def _queueing_us(overheads: dict[str, float], running: int) -> int:
     """QueueingTime Python expects for the test's prompt with RUNNING requests in the last step."""
-    return round_overhead_us(
-        overheads["queueing_base_us"]
-        + overheads["queueing_per_input_token_us"] * QUEUE_TEST_INPUT_TOKENS
-        + overheads["queueing_per_running_request_us"] * running
+    queue_us = queueing_time_us(
+        overheads["queueing_base_us"],
+        overheads["queueing_per_input_token_us"],
+        QUEUE_TEST_INPUT_TOKENS,
+        overheads["queueing_per_running_request_us"],
+        running,
     )
+    return round_overhead_us(float(queue_us))
 
 
 def _method_rows(interface: str, overheads: dict[str, float]) -> str:

@@ -146,7 +146,8 @@ class LoopOutcome:
 
 
 def _request_inputs(load: LoadPlan, model: LatencyModel) -> tuple[np.ndarray, np.ndarray]:
-    """Each request's prompt length and queueing time (µs)."""
+    """Each request's prompt length and the queueing time known before it is sent (µs; the
+    load part is added at sending)."""
     prompt_len = load.shapes.user_prompt_len[load.request_user].astype(np.int64)
     queue_us = np.asarray(model.queueing_time_us(prompt_len), dtype=np.float64) * np.ones(load.num_requests)
     return prompt_len, queue_us

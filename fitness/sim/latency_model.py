@@ -9,12 +9,12 @@ Contract (all times in µs, the units of BLIS's ``sim.LatencyModel``):
 * the seven **non-step terms** below, defined once here with the BLIS (or seed-interface)
   method each becomes: the archive stores them by ``name``, the simulator and replay read
   them as attributes, and ``translate_go`` prints them under ``go_name``;
-* ``queueing_time_us(input_len)``: the part of each request's QueueingTime known when it is
-  sent, from the two static queueing terms. The third, ``queueing_per_running_request_us``,
-  counts the requests of the step running when it arrives (the clients' median TTFT grows
-  with them; likely the API server, which streams their tokens on the asyncio loop that
-  takes new requests in); the simulator and replay apply it where they know that step,
-  and the Go model remembers its last batch;
+* ``queueing_time_us(input_len, running=0)``: QueueingTime of each request, from the three
+  queueing terms. The third, ``queueing_per_running_request_us``, counts the ``running``
+  requests of the step running when it arrives (the clients' median TTFT grows with them;
+  likely the API server, which streams their tokens on the asyncio loop that takes new
+  requests in). The simulator adds it when a request is sent (the rest is known before),
+  the replay from the recorded count, and the Go model remembers its last batch;
 * ``event_gap_us``: not a latency term but the client's measurement, the gap between the two
   streamed events of a token (the simulator measures with the model's, so a test can set it).
 
@@ -102,13 +102,23 @@ def full_non_step_terms(given: dict[str, float] | None) -> dict[str, float]:
     return out
 
 
-def queueing_time_us(base_us: float, per_input_token_us: float, input_len) -> np.ndarray:
-    """QueueingTime(req) = base + per-token × prompt length: arrival -> enqueued (HTTP, tokenisation)."""
-    return base_us + per_input_token_us * np.asarray(input_len, dtype=np.float64)
+def queueing_time_us(
+    base_us: float, per_input_token_us: float, input_len, per_running_request_us: float = 0.0, running=0
+) -> np.ndarray:
+    """QueueingTime(req) = base + per-token × prompt length + per-request × requests in the
+    step running at arrival: arrival -> enqueued (HTTP, tokenisation, the server's load)."""
+    out = base_us + per_input_token_us * np.asarray(input_len, dtype=np.float64)
+    return out + per_running_request_us * np.asarray(running, dtype=np.float64)
 
 
-def _queueing_time_us(self, input_len) -> np.ndarray:
-    return queueing_time_us(self.queueing_base_us, self.queueing_per_input_token_us, input_len)
+def _queueing_time_us(self, input_len, running=0) -> np.ndarray:
+    return queueing_time_us(
+        self.queueing_base_us,
+        self.queueing_per_input_token_us,
+        input_len,
+        self.queueing_per_running_request_us,
+        running,
+    )
 
 
 # The base of the latency models: a dataclass with one float field per non-step term (from
@@ -143,4 +153,4 @@ class LatencyModel(Protocol):
         """At least MIN_STEP_TIME_US, also for an empty batch; never NaN."""
         ...
 
-    def queueing_time_us(self, input_len: np.ndarray) -> np.ndarray: ...
+    def queueing_time_us(self, input_len: np.ndarray, running=0) -> np.ndarray: ...

@@ -86,6 +86,7 @@ class Trajectory:
     # per request
     send_us: np.ndarray
     enqueue_us: np.ndarray  # when it reached the scheduler's queue: sent + its QueueingTime
+    send_depth: np.ndarray  # requests in the step running when it was sent (the QueueingTime's load)
     input_len: np.ndarray
     target_tokens: np.ndarray
     stage: np.ndarray
@@ -101,9 +102,6 @@ class Trajectory:
     name: str = ""
     # step k's time was the model's times step_scale[k] (the measured scatter); None: exactly the model's
     step_scale: np.ndarray | None = None
-    # per request: requests in the step running when it was sent (what
-    # queueing_per_running_request_us multiplies; None: a recording from before that term)
-    send_depth: np.ndarray | None = None
 
     @property
     def n_steps(self) -> int:

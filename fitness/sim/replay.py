@@ -5,8 +5,8 @@ step cycles change (``cycle_k = step_time_us[k] + scheduling_processing_us +
 preemption_processing_us * preemptions_k``). Every request's path is a contiguous run of
 steps, so its client times are sums of cycles along the path:
 
-* wait: ``queueing_time_us(input_len)`` plus ``queueing_per_running_request_us`` times the
-  requests of the step running at sending (send -> enqueued), then the rest of the step that
+* wait: ``queueing_time_us(input_len, send_depth)`` (send -> enqueued; ``send_depth``: the
+  requests of the step running at sending), then the rest of the step that
   was running at that moment (``(1 - enq_frac) * cycle[enq_step]``), then the steps from
   ``wait_from_step`` on;
 * a token sampled at step k reaches the client at the end of step k+1 (one-step output
@@ -91,7 +91,7 @@ def _paths(traj: Trajectory) -> _Paths:
         cf=nc[ft] if len(ft) else np.zeros(0, bool),
         cl=nc[lt] if len(lt) else np.zeros(0, bool),
         input_len=traj.input_len[ok].astype(np.float64),
-        send_depth=(traj.send_depth[ok] if traj.send_depth is not None else np.zeros(int(ok.sum()))).astype(np.float64),
+        send_depth=traj.send_depth[ok].astype(np.float64),
         n_tokens=n_tok,
         stage=traj.stage[ok],
         gaps=EVENTS_PER_TOKEN * n_tok - 1,
@@ -119,8 +119,7 @@ def replay_times(traj: Trajectory, step_time_us: np.ndarray, overheads: LatencyM
     n = len(cyc)
     P = np.concatenate([[0.0], np.cumsum(cyc)])
     nxt = np.append(cyc, 0.0)  # cycle of step k+1 (0 past the end)
-    q = np.asarray(overheads.queueing_time_us(p.input_len), dtype=np.float64)
-    q = q + float(overheads.queueing_per_running_request_us) * p.send_depth
+    q = np.asarray(overheads.queueing_time_us(p.input_len, p.send_depth), dtype=np.float64)
     otp = float(overheads.output_token_processing_us)
     gap = float(overheads.event_gap_us)
     wait = p.wait_coef * cyc[np.maximum(p.s, 0)] if n else np.zeros(len(p.b))
