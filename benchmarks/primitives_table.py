@@ -34,7 +34,7 @@ from fitness.validate import SympyTerm, split_terms  # noqa: E402
 from primitives.data.roots import shared_data_root  # noqa: E402
 from primitives.data.traces import load_steps  # noqa: E402
 from primitives.deployment import default_resolver  # noqa: E402
-from primitives.kernels import efficiency_caps  # noqa: E402
+from primitives.kernels import efficiency_caps, efficiency_floors  # noqa: E402
 from primitives.language import parse_infix  # noqa: E402
 
 MODELS = {
@@ -59,7 +59,8 @@ def main() -> int:
     sharing = {} if args.no_kv_sharing else trace_kv_sharing(data, root / "experiments", resolver, 0)
     names = sorted({s.name for text in MODELS.values() for s in parse_infix(text).free_symbols})
     table = build_step_table(data, resolver, names, 0.2, sharing)
-    bounds = as_bounds(DEFAULT_EFFICIENCY_BOUNDS, efficiency_caps([d.gpu for d in table.deployments]))  # as a run
+    gpus = [d.gpu for d in table.deployments]
+    bounds = as_bounds(DEFAULT_EFFICIENCY_BOUNDS, efficiency_caps(gpus), efficiency_floors(gpus))  # as a run
     print(f"KV sharing factors applied to the traces: {sharing or 'none'}\n")
     exps = [e.split("-tp")[0].split("-", 2)[-1] for e in table.experiment_names]
     print("| model | term | efficiency / cost | " + " | ".join(f"holdout MAPE {e}" for e in exps) + " |")
@@ -76,7 +77,8 @@ def main() -> int:
         rows = term_efficiencies(f"{score.intercept!r} + {fitted}", bounds)
         mape = [score.per_experiment[e]["step_mape"] for e in table.experiment_names]
         for i, r in enumerate(rows):
-            flag = f" (on the {r['on_bound']} bound)" if r["on_bound"] else ""
+            flag = " (outside its bounds)" if r["outside_bounds"] else ""
+            flag = flag or (f" (on the {r['on_bound']} bound)" if r["on_bound"] else "")
             value = f"{r['coefficient']:.3g}{' x' if r['kind'] == 'efficiency' else ' µs each'}{flag}"
             cells = [f"{m:.2%}" for m in mape] if i == 0 else [""] * len(mape)
             print(f"| {label if i == 0 else ''} | `{r['term']}` | {value} | " + " | ".join(cells) + " |")

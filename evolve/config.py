@@ -33,6 +33,7 @@ class RunConfig:
     efficiency_bounds: list[float] = field(default_factory=lambda: [1.0, 4.0])  # a µs term's coefficient
     # caps of measured-kernel-priced terms (fitness.efficiency); None: from the GPU's kernels at the start
     efficiency_caps: dict[str, float] | None = None
+    efficiency_floors: dict[str, float] | None = None  # lower bounds of the same, likewise
     closed_loop_checks: int = 32  # front entries validated in the closed loop at the end of a replay run
     # simulated steps scatter as the run's step data do (fitness.step_scatter), measured at the start
     scatter_steps: bool = False

@@ -247,7 +247,12 @@ def _model_section(entry) -> str:
 
     bounds = run_efficiency_bounds(entry.run_config)
     eff = [
-        [f"<code>{escape(r['term'])}</code>", f"{r['coefficient']:.5g}", escape(r["kind"]), escape(r["on_bound"] or "")]
+        [
+            f"<code>{escape(r['term'])}</code>",
+            f"{r['coefficient']:.5g}",
+            escape(r["kind"]),
+            escape("outside its bounds" if r["outside_bounds"] else r["on_bound"] or ""),
+        ]
         for r in term_efficiencies(entry.expression, bounds)
     ]
     facts = [

@@ -346,8 +346,17 @@ def entry_detail(entry: ArchiveEntry) -> list:
     return shown
 
 
+def _efficiency_flag(row: dict) -> str:
+    """What ``archive show`` says of one ``term_efficiencies`` row."""
+    if row["outside_bounds"]:
+        return f"OUTSIDE its bounds ({fmt_number(row['lower'])}-{fmt_number(row['upper'])})"
+    if row["on_bound"]:
+        return f"on the {row['on_bound']} bound ({fmt_number(row[row['on_bound']])})"
+    return "NEGATIVE" if row["kind"] == "negative time" else ""
+
+
 def efficiency_table(entry: ArchiveEntry):
-    """Each term's fitted coefficient and kind; an efficiency sitting on its bound is flagged."""
+    """Each term's fitted coefficient and kind; an efficiency on or outside its bounds is flagged."""
     from fitness.efficiency import run_efficiency_bounds
     from fitness.physics_check import term_efficiencies
 
@@ -357,9 +366,7 @@ def efficiency_table(entry: ArchiveEntry):
             "term": r["term"],
             "kind": r["kind"],
             "coefficient": fmt_number(r["coefficient"]),
-            "flag": f"on the {r['on_bound']} bound ({fmt_number(r[r['on_bound']])})"
-            if r["on_bound"]
-            else ("NEGATIVE" if r["kind"] == "negative time" else ""),
+            "flag": _efficiency_flag(r),
         }
         for r in term_efficiencies(entry.expression, bounds)
     ]

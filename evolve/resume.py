@@ -71,11 +71,12 @@ def _saved_config(path: Path) -> RunConfig:
         checks.number(saved[name], path, name, integer=True, allow_zero=name == "seed", upper=MAX_SEED)
     if not isinstance(saved.get("data", []), list):
         raise InputError(path, "data", f"expected a list of paths, got {saved['data']!r}")
-    caps = saved.setdefault("efficiency_caps", {})  # a run from before the caps resumes without them
-    if not isinstance(caps, dict):
-        raise InputError(path, "efficiency_caps", f"expected a mapping of primitive to a number, got {caps!r}")
-    for name, cap in caps.items():
-        checks.number(cap, path, f"efficiency_caps.{name}")
+    for key in ("efficiency_caps", "efficiency_floors"):  # a run from before them resumes without them
+        bounds = saved.setdefault(key, {})
+        if not isinstance(bounds, dict):
+            raise InputError(path, key, f"expected a mapping of primitive to a number, got {bounds!r}")
+        for name, bound in bounds.items():
+            checks.number(bound, path, f"{key}.{name}")
     saved.setdefault("scatter_steps", False)  # a run from before the step scatter resumes without it
     checks.boolean(saved["scatter_steps"], path, "scatter_steps")
     if saved.get("step_scatter") is not None:

@@ -36,7 +36,7 @@ from primitives.data.traces import load_steps
 from primitives.deployment import DeploymentResolver
 from primitives.errors import InputError, writable_dir
 from primitives.files import atomic_write_json
-from primitives.kernels import efficiency_caps
+from primitives.kernels import efficiency_caps, efficiency_floors
 from primitives.registry import supported_primitives
 
 
@@ -154,8 +154,11 @@ def prepare_context(config: RunConfig, resolver: DeploymentResolver):
                 check_servable(spec, dep)
             if dep not in deployments:
                 deployments.append(dep)
+    gpus = list({d.gpu.name: d.gpu for d in deployments}.values())
     if config.efficiency_caps is None:  # a resumed run keeps the caps it started with
-        config.efficiency_caps = efficiency_caps(list({d.gpu.name: d.gpu for d in deployments}.values()))
+        config.efficiency_caps = efficiency_caps(gpus)
+    if config.efficiency_floors is None:  # likewise the floors
+        config.efficiency_floors = efficiency_floors(gpus)
     if config.scatter_steps and config.step_scatter is None:  # a resumed run keeps the scatter it measured
         source = ", ".join(paths) if config.data else "the embedded default data"
         try:
@@ -166,7 +169,7 @@ def prepare_context(config: RunConfig, resolver: DeploymentResolver):
         table,
         None,
         config.replay_weight,
-        efficiency_bounds=as_bounds(config.efficiency_bounds, config.efficiency_caps),
+        efficiency_bounds=as_bounds(config.efficiency_bounds, config.efficiency_caps, config.efficiency_floors),
         probes=PhysicsProbes.build(deployments, names, floor_fraction=config.efficiency_bounds[0]),
     )
     return ctx, names, data

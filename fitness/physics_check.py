@@ -24,7 +24,8 @@ from primitives.language import evaluate_expr, parse_infix, to_infix
 
 def term_efficiencies(expression: str, bounds=DEFAULT_EFFICIENCY_BOUNDS) -> list[dict]:
     """One row per additive term: its coefficient, kind, interval (``lower``, ``upper``: an
-    efficiency's, with any cap) and which bound it sits on (if any)."""
+    efficiency's, with any cap and floor), which bound it sits on (if any) and whether it lies
+    outside them."""
     bounds = as_bounds(bounds)
     _, terms, coefs = split_terms(parse_infix(expression))
     rows = []
@@ -32,7 +33,7 @@ def term_efficiencies(expression: str, bounds=DEFAULT_EFFICIENCY_BOUNDS) -> list
         kind = term_kind(term)
         if coef < 0 and kind == "efficiency":
             kind = "negative time"
-        on, interval = None, (None, None)
+        on, interval, outside = None, (None, None), False
         if kind == "efficiency":
             interval = bounds.of_term(term)
             on = next(
@@ -43,6 +44,8 @@ def term_efficiencies(expression: str, bounds=DEFAULT_EFFICIENCY_BOUNDS) -> list
                 ),
                 None,
             )
+            # an archive from before the search refused the same work in two terms can hold one
+            outside = not interval[0] * (1 - 1e-6) <= coef <= interval[1] * (1 + 1e-6)
         rows.append(
             {
                 "term": to_infix(term),
@@ -51,6 +54,7 @@ def term_efficiencies(expression: str, bounds=DEFAULT_EFFICIENCY_BOUNDS) -> list
                 "lower": interval[0],
                 "upper": interval[1],
                 "on_bound": on,
+                "outside_bounds": outside,
             }
         )
     return rows

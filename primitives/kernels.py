@@ -261,9 +261,9 @@ class MeasuredKernels:
         return us * (n_heads / key[0]) / tp
 
     # the price of a KV byte ----------------------------------------------------
-    def kv_byte_price(self, hbm_bytes_per_us: float) -> float:
+    def kv_byte_price(self, hbm_bytes_per_us: float, quantile: float = 0.95) -> float:
         """What one more KV byte costs in the measured decode-attention kernel, per µs of
-        its HBM roofline time (``KV_PRICE_QUANTILE`` of every table's marginal prices).
+        its HBM roofline time (the ``quantile`` of every table's marginal prices).
 
         A marginal price is the latency added by lengthening a batch's context to the next
         measured length, over the roofline time of the bytes it adds (K and V of the KV heads each GPU holds, per
@@ -289,12 +289,28 @@ class MeasuredKernels:
                         prices.append((t1 - t0) / roofline_us)
         if not prices:
             raise InputError(self.directory, "attention_decode", "no memory-bound decode timings to price a KV byte")
-        return float(np.quantile(prices, KV_PRICE_QUANTILE))
+        return float(np.quantile(prices, quantile))
 
 
-KV_PRICE_QUANTILE = 0.95
+# A fitted KV price lies between the kernel's typical marginal price (the median, 1.055 on
+# H100: a step cannot read its KV for less than the kernel that reads it) and its dear end
+# (the 95th percentile, 1.16), which trims single differences' timing noise.
+KV_PRICE_FLOOR_QUANTILE = 0.5
+KV_PRICE_CAP_QUANTILE = 0.95
 MEMORY_BOUND_STEP_US = 20.0  # about the launch floor: a smaller step is timing noise on top of it
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
+
+
+def _kv_byte_prices(gpus, quantile: float) -> list[float]:
+    prices = []
+    for g in gpus:
+        if g.kernel_dir is None:
+            continue
+        try:
+            prices.append(measured_kernels(g.kernel_dir).kv_byte_price(g.hbm_bytes_per_s / 1e6, quantile))
+        except InputError:  # only short contexts or small batches measured
+            continue
+    return prices
 
 
 def efficiency_caps(gpus) -> dict[str, float]:
@@ -302,15 +318,15 @@ def efficiency_caps(gpus) -> dict[str, float]:
     (``fitness.efficiency``): ``kv_io_time_us``, at the dearest of the GPUs' KV byte prices.
     GPUs without measured kernels, or whose decode tables are all launch-bound (no KV
     price to read), add nothing."""
-    prices = []
-    for g in gpus:
-        if g.kernel_dir is None:
-            continue
-        try:
-            prices.append(measured_kernels(g.kernel_dir).kv_byte_price(g.hbm_bytes_per_s / 1e6))
-        except InputError:  # only short contexts or small batches measured
-            continue
+    prices = _kv_byte_prices(gpus, KV_PRICE_CAP_QUANTILE)
     return {"kv_io_time_us": round(max(prices), 4)} if prices else {}
+
+
+def efficiency_floors(gpus) -> dict[str, float]:
+    """Lower bounds of the same: ``kv_io_time_us`` at the cheapest of the GPUs' typical
+    (median) KV byte prices; nothing where no GPU has one."""
+    prices = _kv_byte_prices(gpus, KV_PRICE_FLOOR_QUANTILE)
+    return {"kv_io_time_us": round(min(prices), 4)} if prices else {}
 
 
 @lru_cache(maxsize=8)
