@@ -44,7 +44,7 @@ def term_efficiencies(expression: str, bounds=DEFAULT_EFFICIENCY_BOUNDS) -> list
                 ),
                 None,
             )
-            # an archive from before the search refused the same work in two terms can hold one
+            # the search bounds each additive term, so one work in two terms can merge outside them
             outside = not interval[0] * (1 - 1e-6) <= coef <= interval[1] * (1 + 1e-6)
         rows.append(
             {
