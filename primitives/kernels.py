@@ -169,6 +169,13 @@ def _loglog(x: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     return np.exp2(np.interp(np.log2(x), np.log2(xs), np.log2(ys)))
 
 
+# A fitted KV price lies between the kernel's typical marginal price (the median, 1.055 on
+# H100: a step cannot read its KV for less than the kernel that reads it) and its dear end
+# (the 95th percentile, 1.16), which trims single differences' timing noise.
+KV_PRICE_FLOOR_QUANTILE = 0.5
+KV_PRICE_CAP_QUANTILE = 0.95
+
+
 class MeasuredKernels:
     """The raw measurements of one GPU, read from a kernels folder."""
 
@@ -261,7 +268,7 @@ class MeasuredKernels:
         return us * (n_heads / key[0]) / tp
 
     # the price of a KV byte ----------------------------------------------------
-    def kv_byte_price(self, hbm_bytes_per_us: float, quantile: float = 0.95) -> float:
+    def kv_byte_price(self, hbm_bytes_per_us: float, quantile: float = KV_PRICE_CAP_QUANTILE) -> float:
         """What one more KV byte costs in the measured decode-attention kernel, per µs of
         its HBM roofline time (the ``quantile`` of every table's marginal prices).
 
@@ -292,11 +299,6 @@ class MeasuredKernels:
         return float(np.quantile(prices, quantile))
 
 
-# A fitted KV price lies between the kernel's typical marginal price (the median, 1.055 on
-# H100: a step cannot read its KV for less than the kernel that reads it) and its dear end
-# (the 95th percentile, 1.16), which trims single differences' timing noise.
-KV_PRICE_FLOOR_QUANTILE = 0.5
-KV_PRICE_CAP_QUANTILE = 0.95
 MEMORY_BOUND_STEP_US = 20.0  # about the launch floor: a smaller step is timing noise on top of it
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
 
