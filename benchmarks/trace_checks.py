@@ -1,4 +1,4 @@
-"""What the real step traces say about prefill, a fresh server and the queue: three tables.
+"""What the real step traces say about prefill, a fresh server and the queue: three checks.
 
 1. **Prefill in the traces.** Per experiment: the sampled steps, those that prefill at least
    ``LARGE_PREFILL_TOKENS`` tokens, and those of them with a cycle time (the next step
@@ -25,7 +25,11 @@
    and for the model scaled until its simulated cycle time is the trace's. The last row
    tells the simulator's queueing apart from the model's step price: near
    ``max_num_seqs`` a few percent of step time move the queue, and the TTFT with it, by
-   tens of percent.
+   tens of percent. Then how bursty the arrivals at the server are: per stage, the
+   variance over the mean of the new prefills per step, on the steps with nobody waiting
+   (the tracer counts a new request in two steps, its prompt and its first decode, and the
+   simulated count does the same; Poisson arrivals give 1); and how many requests wait
+   on the steps where some do.
 
 Usage::
 
@@ -178,13 +182,14 @@ def first_seconds(data, resolver, entry, kv_sharing) -> list[str]:
 @dataclass
 class StepSeries:
     """Steps of one run in time order: start (s from the run's first step), id (steps
-    between two are the ones not sampled), requests holding a slot and requests waiting
-    after scheduling (None where unknown)."""
+    between two are the ones not sampled), requests holding a slot, requests waiting
+    after scheduling and requests prefilling (None where unknown)."""
 
     start_s: np.ndarray
     step_id: np.ndarray
     running: np.ndarray | None
     waiting: np.ndarray | None
+    prefills: np.ndarray | None = None
 
 
 def share(values: np.ndarray | None, test) -> float:
@@ -193,21 +198,34 @@ def share(values: np.ndarray | None, test) -> float:
     return float(test(finite).mean()) if len(finite) else float("nan")
 
 
+def dispersion(prefills: np.ndarray, waiting: np.ndarray | None) -> float:
+    """Variance over mean of PREFILLS on the steps with nobody WAITING (all where unknown):
+    while nobody waits, a step admits whoever arrived, so Poisson arrivals give 1 (NaN
+    with under 3 steps or no prefill)."""
+    free = prefills[waiting == 0] if waiting is not None else prefills
+    free = free[np.isfinite(free)]
+    return float(free.var() / free.mean()) if len(free) >= 3 and free.mean() > 0 else float("nan")
+
+
 def stage_stats(steps: StepSeries, lo_s: float, hi_s: float, max_running: int) -> dict | None:
     """Over the steps that start in [LO_S, HI_S): the mean cycle (ms, every step between
     the first and the last, sampled or not), the running requests' mean and sd, the share
-    of steps with all MAX_RUNNING slots held and with requests waiting; None with under 3."""
+    of steps with all MAX_RUNNING slots held and with requests waiting, how many wait on
+    those steps (``queued``), and the prefills' ``dispersion``; None with under 3."""
     k = np.flatnonzero((steps.start_s >= lo_s) & (steps.start_s < hi_s))
     if len(k) < 3:
         return None
     running, waiting = (v[k] if v is not None else None for v in (steps.running, steps.waiting))
     known = running[np.isfinite(running)] if running is not None else np.zeros(0)
+    queued = waiting[waiting > 0] if waiting is not None else np.zeros(0)
     return {
+        "dispersion": dispersion(steps.prefills[k], waiting) if steps.prefills is not None else float("nan"),
         "cycle_ms": id_rate_cycle_us(steps.start_s, steps.step_id, k) / 1e3,
         "running": float(known.mean()) if len(known) else float("nan"),
         "sd": float(known.std()) if len(known) else float("nan"),
         "full": share(running, lambda r: r >= max_running),
         "waiting": share(waiting, lambda w: w > 0),
+        "queued": float(queued.mean()) if len(queued) else float("nan"),
     }
 
 
@@ -220,6 +238,7 @@ def trace_series(g) -> StepSeries:
         g["step_id"].to_numpy(dtype=np.float64),
         queue["running_depth"],
         queue["waiting_depth"],
+        g["num_prefill_reqs"].to_numpy(dtype=np.float64),
     )
 
 
@@ -262,11 +281,13 @@ def simulate_stages(spec, deployment, expression: str, overheads: dict, seed: in
     result = simulate(spec, deployment, model, seed=seed, record=True, step_scales=step_scales(scatter, seed))
     traj, status = result.trajectory, result.requests.status
     origin_us = float(traj.step_start_us[0])
+    admitted = np.bincount(traj.admit_step[traj.admit_step >= 0], minlength=traj.n_steps)[: traj.n_steps]
     series = StepSeries(
         (traj.step_start_us - origin_us) / 1e6,
         np.arange(traj.n_steps, dtype=np.float64),
         traj.running_depth(status).astype(np.float64),
         traj.waiting_depth(status, spec.request_timeout_s).astype(np.float64),
+        (admitted + np.concatenate([[0], admitted[:-1]])).astype(np.float64),  # counted as the tracer does
     )
     out = []
     for i, (_, duration_s) in enumerate(spec.stages):
@@ -348,6 +369,12 @@ def queue_by_stage(data, specs: dict, resolver, entry, draws: int, scatter) -> l
         f"{'experiment, stage':<20} {'':<7} {'cycle ms':>8} {'running':>7} {'sd':>4} {'full':>6} {'waiting':>7}"
         f" {'TTFT ms':>7} {'below':>5}",
     ]
+    bursts = [
+        "arrivals: new prefills per step, nobody waiting: variance / mean (Poisson: 1);",
+        "queued: the requests waiting, on the steps where some wait (mean)",
+        f"{'':<20} {'arrivals':^15} {'queued':^15}".rstrip(),
+        f"{'experiment, stage':<20} {'real':>7} {'model':>7} {'real':>7} {'model':>7}",
+    ]
     for name in sorted(data.steps["experiment"].unique()):
         spec = specs.get(name)
         if spec is None:
@@ -369,9 +396,18 @@ def queue_by_stage(data, specs: dict, resolver, entry, draws: int, scatter) -> l
             model = [run[i] for run in runs]
             out.append(queue_row(f"  {i + 1}  {rate:g} req/s", "real", real_stats, observed_ms))
             out.append(draws_row("model", model, observed_ms))
+            if i == 0:
+                bursts.append(short(name))
+            simulated = mean_stats([d.stats for d in model])
+            cells = [
+                cell(st[key] if st is not None else float("nan"), 7, form)
+                for key, form in (("dispersion", ".3f"), ("queued", ".2f"))
+                for st in (real_stats, simulated)
+            ]
+            bursts.append(f"{f'  {i + 1}  {rate:g} req/s':<20} " + " ".join(cells))
             if real_stats is not None and np.isfinite(real_stats["cycle_ms"]) and real_stats["cycle_ms"] > 0:
                 out.append(scaled_row(spec, dep, entry, draws, scatter, i, real_stats["cycle_ms"], model, observed_ms))
-    return out
+    return out + [""] + bursts if len(bursts) > 4 else out
 
 
 def main(argv: list[str] | None = None) -> int:

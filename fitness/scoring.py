@@ -24,13 +24,15 @@ from fitness.dataset import StepTable
 from fitness.efficiency import EfficiencyBounds, as_bounds
 from fitness.fused import ColumnMatrix, FusedTerms, step_errors
 from fitness.physics_probes import PhysicsProbes
-from fitness.replay_rows import REPLAY_METRICS, ReplayRows
+from fitness.replay_rows import REPLAY_METRICS, ReplayRows, load_slope_identified
 from fitness.sim.latency_model import FITTED_NON_STEP_NAMES, full_non_step_terms
 from fitness.transfer import held_out_groups, linear_transfer_error
 from primitives.language import Program, additive_terms, canonical, evaluate_program, program_to_sympy
 from primitives.units import involves_time, involves_unpriced_work, is_efficiency_term, time_primitives
 
 WORST = 1e9  # the score of a candidate that produced NaN/inf or fitted nothing
+# the load term's place among the fitted non-step terms (fitness.replay_rows.load_slope_identified)
+LOAD_COLUMN = FITTED_NON_STEP_NAMES.index("queueing_per_running_request_us")
 
 
 @dataclass
@@ -347,6 +349,11 @@ def fit_terms(
     for j, name in enumerate(FITTED_NON_STEP_NAMES[:n_over]):
         if name not in ctx.fitted_non_step:
             upper[k + 1 + j] = 0.0
+    row_running = None
+    if replay_rows:
+        row_running = np.array([r[3][k + 1 + LOAD_COLUMN] for r in replay_rows])
+        if not load_slope_identified(np.array([r[0] for r in replay_rows]), row_running):
+            upper[k + 1 + LOAD_COLUMN] = 0.0
     theta = bounded_gram(G, h, lower, upper)
     if theta is None:
         return _worst()
@@ -397,7 +404,9 @@ def fit_terms(
         objectives["replay_error"] = replay_error
         if st is None:
             train_error = replay_error
-        transfer = _transfer_error(rel_a, rel_b, replay_rows, ctx.replay, lower, upper)
+        transfer = _transfer_error(
+            rel_a, rel_b, replay_rows, ctx.replay, lower, upper, row_running, k + 1 + LOAD_COLUMN
+        )
         if transfer is not None:
             objectives["transfer_error_linear"] = transfer_error = transfer
     # with replayed experiments every non-step term is stored, those not fitted at 0 (README:
@@ -421,7 +430,14 @@ def fit_terms(
 
 
 def _transfer_error(
-    rel_a: np.ndarray, rel_b: np.ndarray, replay_rows: list, rp: ReplayRows, lower: np.ndarray, upper: np.ndarray
+    rel_a: np.ndarray,
+    rel_b: np.ndarray,
+    replay_rows: list,
+    rp: ReplayRows,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    row_running: np.ndarray,
+    load_column: int,
 ) -> float | None:
     """``fitness.transfer.linear_transfer_error`` of the fitted replay rows (relative: ``rel_a``, ``rel_b``)."""
     groups = _groups(tuple(rp.names), tuple(rp.models))
@@ -429,7 +445,17 @@ def _transfer_error(
         return None
     experiment = np.array([r[0] for r in replay_rows])
     whole_run = np.array([r[2] == "all" for r in replay_rows])
-    return linear_transfer_error(rel_a, rel_b, experiment, [r[1] for r in replay_rows], whole_run, lower, upper, groups)
+    return linear_transfer_error(
+        rel_a,
+        rel_b,
+        experiment,
+        [r[1] for r in replay_rows],
+        whole_run,
+        lower,
+        upper,
+        groups,
+        (row_running, load_column),
+    )
 
 
 @lru_cache(maxsize=16)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from fitness.bounded_lsq import bounded_gram
+from fitness.replay_rows import load_slope_identified
 from primitives.data.experiments import workload_of
 
 # Every acceptance goal of the transfer checks allows TTFT 1.5x the error of E2E and ITL.
@@ -58,6 +59,7 @@ def linear_transfer_error(
     lower: np.ndarray,
     upper: np.ndarray,
     groups: list[list[int]],
+    load: tuple[np.ndarray, int] | None = None,
 ) -> float | None:
     """Mean ``experiment_error`` of every held-out experiment, each group refitted without it.
 
@@ -65,7 +67,10 @@ def linear_transfer_error(
     observed value, so the signed relative error of row i is ``a[i] @ theta - b[i]``);
     ``row_experiment``: each row's experiment index; ``row_metric`` its metric;
     ``row_whole_run``: whether it is a whole-run mean (the ones compared). A group whose
-    refit fails counts at the cap. None without any group.
+    refit fails counts at the cap. ``load``: each row's running count at sending and the
+    load term's column; a refit whose rows cannot pin that term
+    (``fitness.replay_rows.load_slope_identified``) leaves it at 0, as the full fit would.
+    None without any group.
     """
     if not groups:
         return None
@@ -73,7 +78,11 @@ def linear_transfer_error(
     for held in groups:
         out = np.isin(row_experiment, held)
         train = ~out
-        theta = bounded_gram(a[train].T @ a[train], a[train].T @ b[train], lower, upper) if train.any() else None
+        top = upper
+        if load is not None and not load_slope_identified(row_experiment[train], load[0][train]):
+            top = upper.copy()
+            top[load[1]] = 0.0
+        theta = bounded_gram(a[train].T @ a[train], a[train].T @ b[train], lower, top) if train.any() else None
         for e in held:
             rows = np.flatnonzero((row_experiment == e) & row_whole_run)
             if len(rows) == 0:

@@ -136,12 +136,32 @@ def test_stage_stats_over_a_window():
     assert got["running"] == pytest.approx(266 / 3) and got["sd"] == pytest.approx(np.std([10, 128, 128]))
     assert got["full"] == pytest.approx(2 / 3)  # the unknown depth is left out
     assert got["waiting"] == pytest.approx(0.5)
+    assert got["queued"] == pytest.approx(2.0)  # 3 and 1 wait on the two steps (of 1-4) where some do
+    assert np.isnan(got["dispersion"])  # no prefill counts in this series
     assert tc.stage_stats(steps, 4.0, 9.0, 128) is None  # under 3 samples
     no_queue = tc.StepSeries(steps.start_s, steps.step_id, None, None)
     line = tc.queue_row("  2  20 req/s", "real", tc.stage_stats(no_queue, 0.0, 9.0, 128), 57.0)
     assert line.split() == ["2", "20", "req/s", "real", "50.00", "-", "-", "-%", "-%", "57.0"]
     assert tc.queue_row("", "model", None, 1.0).split() == ["model", "no", "steps", "in", "this", "window"]
     assert max(len(line), len(tc.queue_row("x" * 20, "x1.000", got, 1e4, "10/10"))) <= 80
+
+
+def test_dispersion_of_the_prefills_on_the_steps_with_nobody_waiting():
+    tc = _trace_checks()
+    rng = np.random.default_rng(0)
+    poisson = rng.poisson(0.8, 40_000).astype(float)
+    assert tc.dispersion(poisson, None) == pytest.approx(1.0, abs=0.03)
+    # a step with requests waiting admits by free slots, not by arrivals: left out
+    waiting = np.zeros(len(poisson))
+    waiting[::2] = 3
+    burst = poisson.copy()
+    burst[::2] = 50.0
+    assert tc.dispersion(burst, waiting) == pytest.approx(tc.dispersion(poisson[1::2], None))
+    clumped = np.repeat(rng.poisson(0.4, 20_000) * 2.0, 2)  # arrivals in pairs: twice the variance
+    assert tc.dispersion(clumped, None) == pytest.approx(2.0, abs=0.1)
+    assert np.isnan(tc.dispersion(np.array([1.0, 2.0]), None))  # under 3 steps
+    assert np.isnan(tc.dispersion(np.zeros(10), None))  # no prefill
+    assert tc.dispersion(np.array([1.0, np.nan, 1.0, 1.0]), None) == 0.0  # unknown counts left out
 
 
 def test_the_loader_keeps_the_queue_depths_where_a_trace_has_them(tmp_path):
@@ -218,3 +238,17 @@ def test_queue_by_stage_on_a_real_trace(shared_data):
     assert float(model[1]) < 0.95 * float(real[1])  # the model is cheap ...
     assert scaled[0].startswith("x") and float(scaled[0][1:]) > 1.05  # ... so it is scaled up
     assert float(scaled[1]) == pytest.approx(float(real[1]), rel=tc.SCALE_MATCH)
+    # the arrivals table: the trace's prefills per step on the stage's steps with nobody waiting
+    bursts = lines[lines.index("") + 1 :]
+    assert bursts[4] == "codellama-34b tp2 general" and bursts[6].startswith("  2  20 req/s")
+    real_d, model_d, real_q, model_q = bursts[6][21:].split()
+    real_d, model_d = float(real_d), float(model_d)
+    starts = tc.trace_stage_starts_s(tc.trace_series(data.steps), [d for _, d in spec.stages])
+    w = raw[(t_s >= starts[1] + tc.QUEUE_SKIP_S) & (t_s < starts[1] + spec.stages[1][1])]
+    free = w.loc[w["queue.waiting_depth"] == 0, "batch.num_prefill_reqs"].to_numpy(dtype=float)
+    assert real_d == pytest.approx(free.var() / free.mean(), abs=6e-4)
+    assert model_d == pytest.approx(stage.stats["dispersion"], abs=6e-4)
+    assert 0.8 < model_d < 1.2  # the simulated arrivals are Poisson
+    queued = w.loc[w["queue.waiting_depth"] > 0, "queue.waiting_depth"]
+    assert real_q == (f"{queued.mean():.2f}" if len(queued) else "-")
+    assert model_q == tc.cell(stage.stats["queued"], 7, ".2f").strip()
