@@ -183,7 +183,8 @@ def first_seconds(data, resolver, entry, kv_sharing) -> list[str]:
 class StepSeries:
     """Steps of one run in time order: start (s from the run's first step), id (steps
     between two are the ones not sampled), requests holding a slot, requests waiting
-    after scheduling and requests prefilling (None where unknown)."""
+    after scheduling and new requests as the tracer counts them (``tracer_prefills``;
+    None where unknown)."""
 
     start_s: np.ndarray
     step_id: np.ndarray
@@ -199,12 +200,21 @@ def share(values: np.ndarray | None, test) -> float:
 
 
 def dispersion(prefills: np.ndarray, waiting: np.ndarray | None) -> float:
-    """Variance over mean of PREFILLS on the steps with nobody WAITING (all where unknown):
-    while nobody waits, a step admits whoever arrived, so Poisson arrivals give 1 (NaN
-    with under 3 steps or no prefill)."""
+    """Variance over mean of PREFILLS on the steps with nobody WAITING (every step where the
+    trace has no waiting depth; a step whose depth is unknown is left out). While nobody
+    waits, a step admits whoever arrived, so Poisson arrivals give about 1: a little more,
+    as steps differ in length. NaN with under 3 steps or no prefill."""
     free = prefills[waiting == 0] if waiting is not None else prefills
     free = free[np.isfinite(free)]
     return float(free.var() / free.mean()) if len(free) >= 3 and free.mean() > 0 else float("nan")
+
+
+def tracer_prefills(admit_step: np.ndarray, n_steps: int) -> np.ndarray:
+    """New requests per step as vLLM's tracer counts prefills: a request admitted at step k
+    in steps k and k+1 (its prompt, then its first decode, scheduled before the prompt's
+    token came back). ``admit_step``: each request's (-1: never admitted)."""
+    admitted = np.bincount(admit_step[admit_step >= 0], minlength=n_steps)[:n_steps].astype(np.float64)
+    return admitted + np.concatenate([[0.0], admitted[:-1]])
 
 
 def stage_stats(steps: StepSeries, lo_s: float, hi_s: float, max_running: int) -> dict | None:
@@ -281,13 +291,12 @@ def simulate_stages(spec, deployment, expression: str, overheads: dict, seed: in
     result = simulate(spec, deployment, model, seed=seed, record=True, step_scales=step_scales(scatter, seed))
     traj, status = result.trajectory, result.requests.status
     origin_us = float(traj.step_start_us[0])
-    admitted = np.bincount(traj.admit_step[traj.admit_step >= 0], minlength=traj.n_steps)[: traj.n_steps]
     series = StepSeries(
         (traj.step_start_us - origin_us) / 1e6,
         np.arange(traj.n_steps, dtype=np.float64),
         traj.running_depth(status).astype(np.float64),
         traj.waiting_depth(status, spec.request_timeout_s).astype(np.float64),
-        (admitted + np.concatenate([[0], admitted[:-1]])).astype(np.float64),  # counted as the tracer does
+        tracer_prefills(traj.admit_step, traj.n_steps),
     )
     out = []
     for i, (_, duration_s) in enumerate(spec.stages):
@@ -300,11 +309,12 @@ def simulate_stages(spec, deployment, expression: str, overheads: dict, seed: in
 
 
 def mean_stats(stats: list[dict | None]) -> dict | None:
-    """Each figure's mean over the draws that have the window (None: no draw has it)."""
+    """Each figure's mean over the draws that have the window and the figure (NaN: no draw
+    has the figure, e.g. no step with requests waiting; None: no draw has the window)."""
     have = [s for s in stats if s is not None]
     if not have:
         return None
-    return {k: float(np.mean(v)) if np.isfinite(v := [s[k] for s in have]).any() else float("nan") for k in have[0]}
+    return {k: float(np.nanmean(v)) if np.isfinite(v := [s[k] for s in have]).any() else float("nan") for k in have[0]}
 
 
 def cell(value: float, width: int, form: str) -> str:

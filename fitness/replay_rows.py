@@ -140,12 +140,25 @@ def load_slope_identified(row_experiment: np.ndarray, running: np.ndarray) -> bo
     (docs/RESULTS.md: nearly three times the slope every stage gives, and no fixed part),
     and the slope is what extrapolates to higher loads. Within one experiment, only the
     load moves.
+
+    The rule is all or nothing: once one experiment spans two loads, the slope is fitted
+    from every row, the other experiments' differences included (they only dilute it).
     """
     for e in np.unique(row_experiment):
         r = running[(row_experiment == e) & (running > 0)]
         if len(r) and r.max() >= LOAD_SPREAD_MIN * r.min():
             return True
     return False
+
+
+def bound_load_term(upper: np.ndarray, row_experiment: np.ndarray, running: np.ndarray, column: int) -> np.ndarray:
+    """UPPER, the least squares' upper bounds, with the load term's (at COLUMN) at 0 where
+    the rows cannot pin it (``load_slope_identified``); UPPER itself, unchanged, where they can."""
+    if load_slope_identified(row_experiment, running):
+        return upper
+    held = upper.copy()
+    held[column] = 0.0
+    return held
 
 
 def row_labels(spec: ExperimentSpec) -> list[tuple[str, str]]:

@@ -24,7 +24,7 @@ from fitness.dataset import StepTable
 from fitness.efficiency import EfficiencyBounds, as_bounds
 from fitness.fused import ColumnMatrix, FusedTerms, step_errors
 from fitness.physics_probes import PhysicsProbes
-from fitness.replay_rows import REPLAY_METRICS, ReplayRows, load_slope_identified
+from fitness.replay_rows import REPLAY_METRICS, ReplayRows, bound_load_term
 from fitness.sim.latency_model import FITTED_NON_STEP_NAMES, full_non_step_terms
 from fitness.transfer import held_out_groups, linear_transfer_error
 from primitives.language import Program, additive_terms, canonical, evaluate_program, program_to_sympy
@@ -43,7 +43,8 @@ class FitnessContext:
     efficiency_bounds: EfficiencyBounds = EfficiencyBounds()  # of a µs term's coefficient (fitness.efficiency)
     probes: PhysicsProbes | None = None  # probe steps: monotone in work, above the kernel floor
     # the fitted non-step terms this fit may use (the others stay at 0): BLIS's blackbox
-    # baseline has no load term in its QueueingTime
+    # baseline has no load term in its QueueingTime. The load term also stays at 0 where no
+    # experiment is seen at two loads (fitness.replay_rows.load_slope_identified)
     fitted_non_step: tuple[str, ...] = FITTED_NON_STEP_NAMES
 
     def __post_init__(self):
@@ -294,8 +295,10 @@ def fit_terms(
     of an archived expression), or the search's evolved terms compiled (``FusedTerms``).
     Coefficients are >= 0; an efficiency term's (a time in µs) lies inside its interval
     ``efficiency_terms[i]`` (``EfficiencyBounds.of``: the run's bounds, or a capped
-    primitive's; None for a count). A fit that fails ``ctx.probes`` (not monotone in work,
-    or faster than the measured kernels allow) scores worst.
+    primitive's; None for a count). The fitted non-step terms are >= 0, the load term 0
+    where no experiment's rows see two loads (``fitness.replay_rows.load_slope_identified``).
+    A fit that fails ``ctx.probes`` (not monotone in work, or faster than the measured
+    kernels allow) scores worst.
     """
     terms = term_fns if isinstance(term_fns, FusedTerms) else NumpyTerms(list(term_fns))
     st = ctx.steps
@@ -349,11 +352,10 @@ def fit_terms(
     for j, name in enumerate(FITTED_NON_STEP_NAMES[:n_over]):
         if name not in ctx.fitted_non_step:
             upper[k + 1 + j] = 0.0
-    row_running = None
-    if replay_rows:
+    if replay_rows:  # the load term only where one experiment is seen at two loads
+        replay_experiment = np.array([r[0] for r in replay_rows])
         row_running = np.array([r[3][k + 1 + LOAD_COLUMN] for r in replay_rows])
-        if not load_slope_identified(np.array([r[0] for r in replay_rows]), row_running):
-            upper[k + 1 + LOAD_COLUMN] = 0.0
+        upper = bound_load_term(upper, replay_experiment, row_running, k + 1 + LOAD_COLUMN)
     theta = bounded_gram(G, h, lower, upper)
     if theta is None:
         return _worst()
@@ -373,7 +375,7 @@ def fit_terms(
         if sums is None:  # a prediction not finite or not > 0
             return _worst()
         tr_m, va_m = sums[0] / prep.n_train, sums[1] / prep.n_val
-        ape, row_experiment, row_val = sums[2:]
+        ape, step_experiment, row_val = sums[2:]
         train_error = float(tr_m.mean())
         objectives["step_mape"] = float(va_m.mean())
         objectives["step_mape_max"] = float(va_m.max())
@@ -381,7 +383,7 @@ def fit_terms(
         for e, name in enumerate(st.experiment_names):
             per_exp[name] = {"step_mape": float(va_m[e]), "step_mape_train": float(tr_m[e])}
             if detail:
-                rows = row_experiment == e
+                rows = step_experiment == e
                 per_exp[name]["step_median_ape"] = float(np.median(ape[rows & row_val]))
                 per_exp[name]["n"] = int(rows.sum())
 
@@ -405,7 +407,7 @@ def fit_terms(
         if st is None:
             train_error = replay_error
         transfer = _transfer_error(
-            rel_a, rel_b, replay_rows, ctx.replay, lower, upper, row_running, k + 1 + LOAD_COLUMN
+            rel_a, rel_b, replay_rows, replay_experiment, ctx.replay, lower, upper, (row_running, k + 1 + LOAD_COLUMN)
         )
         if transfer is not None:
             objectives["transfer_error_linear"] = transfer_error = transfer
@@ -433,29 +435,20 @@ def _transfer_error(
     rel_a: np.ndarray,
     rel_b: np.ndarray,
     replay_rows: list,
+    row_experiment: np.ndarray,
     rp: ReplayRows,
     lower: np.ndarray,
     upper: np.ndarray,
-    row_running: np.ndarray,
-    load_column: int,
+    load: tuple[np.ndarray, int],
 ) -> float | None:
-    """``fitness.transfer.linear_transfer_error`` of the fitted replay rows (relative: ``rel_a``, ``rel_b``)."""
+    """``fitness.transfer.linear_transfer_error`` of the fitted replay rows (relative: ``rel_a``,
+    ``rel_b``); ``load``: each row's running count at sending and the load term's column."""
     groups = _groups(tuple(rp.names), tuple(rp.models))
     if not groups:
         return None
-    experiment = np.array([r[0] for r in replay_rows])
     whole_run = np.array([r[2] == "all" for r in replay_rows])
-    return linear_transfer_error(
-        rel_a,
-        rel_b,
-        experiment,
-        [r[1] for r in replay_rows],
-        whole_run,
-        lower,
-        upper,
-        groups,
-        (row_running, load_column),
-    )
+    metric = [r[1] for r in replay_rows]
+    return linear_transfer_error(rel_a, rel_b, row_experiment, metric, whole_run, lower, upper, groups, load)
 
 
 @lru_cache(maxsize=16)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from fitness.bounded_lsq import bounded_gram
-from fitness.replay_rows import load_slope_identified
+from fitness.replay_rows import bound_load_term
 from primitives.data.experiments import workload_of
 
 # Every acceptance goal of the transfer checks allows TTFT 1.5x the error of E2E and ITL.
@@ -69,7 +69,7 @@ def linear_transfer_error(
     ``row_whole_run``: whether it is a whole-run mean (the ones compared). A group whose
     refit fails counts at the cap. ``load``: each row's running count at sending and the
     load term's column; a refit whose rows cannot pin that term
-    (``fitness.replay_rows.load_slope_identified``) leaves it at 0, as the full fit would.
+    (``fitness.replay_rows.bound_load_term``) leaves it at 0, as the full fit would.
     None without any group.
     """
     if not groups:
@@ -78,10 +78,7 @@ def linear_transfer_error(
     for held in groups:
         out = np.isin(row_experiment, held)
         train = ~out
-        top = upper
-        if load is not None and not load_slope_identified(row_experiment[train], load[0][train]):
-            top = upper.copy()
-            top[load[1]] = 0.0
+        top = upper if load is None else bound_load_term(upper, row_experiment[train], load[0][train], load[1])
         theta = bounded_gram(a[train].T @ a[train], a[train].T @ b[train], lower, top) if train.any() else None
         for e in held:
             rows = np.flatnonzero((row_experiment == e) & row_whole_run)

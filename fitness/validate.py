@@ -257,8 +257,9 @@ def refit(
     ``keep(e, label)`` says whether row ``label = (metric, scope)`` of experiment ``e`` of
     ``rows`` enters the fit (the others count as unobserved; experiments left without a
     row are dropped). ``fitted_non_step``: the non-step terms it may fit (the others stay
-    at 0). Returns the refitted expression (infix) and overheads, or None when nothing is
-    left to fit or the least squares fails.
+    at 0; the load term too where the kept rows see no experiment at two loads,
+    ``fitness.replay_rows.load_slope_identified``). Returns the refitted expression (infix)
+    and overheads, or None when nothing is left to fit or the least squares fails.
     """
     observed, kept = [], []
     for e, labels in enumerate(rows.labels):

@@ -105,3 +105,51 @@ def test_the_search_transfer_refits_follow_the_same_rule():
     # without experiment 0, one load is left: the fixed part alone, 15 against experiment 0's 10
     assert linear_transfer_error(*args, [[0]], load) == pytest.approx(0.5)
     assert linear_transfer_error(*args, [[0]]) != pytest.approx(0.5)  # free, the slope takes a share
+
+
+def test_the_search_passes_each_row_s_running_count_to_its_transfer_refits(monkeypatch):
+    """fit_terms hands the rows' running counts and the load term's column to the
+    first-order transfer refits: held out general, the roleplay runs left see one load
+    each, and that refit leaves the load term at 0."""
+    import fitness.scoring as scoring
+    from fitness.transfer import linear_transfer_error as real
+
+    seen = []
+
+    def spy(*args):
+        seen.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(scoring, "linear_transfer_error", spy)
+    two_loads = [
+        loads + [(running * 3, tokens, steps * 1.5) for running, tokens, steps in loads] for loads in ONE_LOAD_EACH[:2]
+    ]
+    rows = replay_rows(two_loads + ONE_LOAD_EACH[2:])
+    rows.names = ["a-general", "b-general", "c-roleplay", "d-roleplay"]
+    rows.models = ["m0", "m1", "m0", "m1"]
+    score = fit_terms([lambda cols, n: cols["x"]], FitnessContext(None, rows))
+    (args,) = seen
+    running, column = args[-1]
+    assert column == 1 + 1 + FITTED_NON_STEP_NAMES.index("queueing_per_running_request_us")  # x, intercept, then
+    assert sorted(set(running)) == [10.0, 20.0, 30.0, 45.0, 90.0]
+    assert score.transfer_error == pytest.approx(real(*args))
+    assert real(*args[:-1]) != pytest.approx(score.transfer_error)  # a free load term refits otherwise
+
+
+def test_step_rows_and_replayed_rows_with_transfer_groups_fit_together():
+    """A fit on real step rows and replayed rows at once, with workloads and models to hold
+    out: the replay rows' experiments and the step rows' are different arrays."""
+    from test_search import planted_table
+
+    two_loads = [
+        loads + [(running * 3, tokens, steps * 1.5) for running, tokens, steps in loads] for loads in ONE_LOAD_EACH[:2]
+    ]
+    rows = replay_rows(two_loads + ONE_LOAD_EACH[2:])
+    rows.names = ["a-general", "b-general", "c-roleplay", "d-roleplay"]
+    rows.models = ["m0", "m1", "m0", "m1"]
+    rows.columns = [{"weight_time_us": c["x"]} for c in rows.columns]
+    table = planted_table(noise=0.0)
+    assert table.n != sum(len(o) for o in rows.observed_us)
+    score = fit_terms([lambda cols, n: cols["weight_time_us"]], FitnessContext(table, rows))
+    assert score.ok
+    assert {"step_mape", "replay_error", "transfer_error_linear"} <= set(score.objectives)

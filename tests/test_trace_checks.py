@@ -138,6 +138,9 @@ def test_stage_stats_over_a_window():
     assert got["waiting"] == pytest.approx(0.5)
     assert got["queued"] == pytest.approx(2.0)  # 3 and 1 wait on the two steps (of 1-4) where some do
     assert np.isnan(got["dispersion"])  # no prefill counts in this series
+    # a draw with nobody waiting has no queue depth: the mean is over the draws that do
+    assert tc.mean_stats([{"queued": 2.0}, {"queued": np.nan}, None])["queued"] == 2.0
+    assert np.isnan(tc.mean_stats([{"queued": np.nan}])["queued"])
     assert tc.stage_stats(steps, 4.0, 9.0, 128) is None  # under 3 samples
     no_queue = tc.StepSeries(steps.start_s, steps.step_id, None, None)
     line = tc.queue_row("  2  20 req/s", "real", tc.stage_stats(no_queue, 0.0, 9.0, 128), 57.0)
@@ -162,6 +165,12 @@ def test_dispersion_of_the_prefills_on_the_steps_with_nobody_waiting():
     assert np.isnan(tc.dispersion(np.array([1.0, 2.0]), None))  # under 3 steps
     assert np.isnan(tc.dispersion(np.zeros(10), None))  # no prefill
     assert tc.dispersion(np.array([1.0, np.nan, 1.0, 1.0]), None) == 0.0  # unknown counts left out
+
+
+def test_the_tracer_counts_a_new_request_in_its_step_and_the_next():
+    tc = _trace_checks()
+    got = tc.tracer_prefills(np.array([2, 2, 4, -1, 5]), 6)  # -1: never admitted; 5: the last step
+    assert got.tolist() == [0.0, 0.0, 2.0, 2.0, 1.0, 2.0]
 
 
 def test_the_loader_keeps_the_queue_depths_where_a_trace_has_them(tmp_path):
@@ -247,8 +256,22 @@ def test_queue_by_stage_on_a_real_trace(shared_data):
     w = raw[(t_s >= starts[1] + tc.QUEUE_SKIP_S) & (t_s < starts[1] + spec.stages[1][1])]
     free = w.loc[w["queue.waiting_depth"] == 0, "batch.num_prefill_reqs"].to_numpy(dtype=float)
     assert real_d == pytest.approx(free.var() / free.mean(), abs=6e-4)
-    assert model_d == pytest.approx(stage.stats["dispersion"], abs=6e-4)
-    assert 0.8 < model_d < 1.2  # the simulated arrivals are Poisson
+    # the model's: its simulation's admissions, each counted in its step and the next
+    from fitness.sim.engine import simulate
+    from fitness.sim.models import ExpressionLatencyModel
+
+    dep = default_resolver().resolve_experiment(spec)
+    sim = simulate(spec, dep, ExpressionLatencyModel(entry.expression, dep, {}), seed=0, record=True)
+    traj = sim.trajectory
+    counts = np.zeros(traj.n_steps + 1)
+    for k in traj.admit_step[traj.admit_step >= 0]:
+        counts[k] += 1
+        counts[k + 1] += 1
+    start_s = (traj.step_start_us - traj.step_start_us[0]) / 1e6
+    in_window = (start_s >= stage.window_s[0]) & (start_s < stage.window_s[1])
+    free = counts[: traj.n_steps][in_window & (traj.waiting_depth(sim.requests.status, spec.request_timeout_s) == 0)]
+    assert model_d == pytest.approx(free.var() / free.mean(), abs=6e-4)
+    assert 0.9 < model_d < 1.1  # the simulated arrivals are Poisson
     queued = w.loc[w["queue.waiting_depth"] > 0, "queue.waiting_depth"]
     assert real_q == (f"{queued.mean():.2f}" if len(queued) else "-")
     assert model_q == tc.cell(stage.stats["queued"], 7, ".2f").strip()
