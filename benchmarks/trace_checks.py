@@ -202,8 +202,8 @@ def share(values: np.ndarray | None, test) -> float:
 def dispersion(prefills: np.ndarray, waiting: np.ndarray | None) -> float:
     """Variance over mean of PREFILLS on the steps with nobody WAITING (every step where the
     trace has no waiting depth; a step whose depth is unknown is left out). While nobody
-    waits, a step admits whoever arrived, so Poisson arrivals give about 1: a little more,
-    as steps differ in length. NaN with under 3 steps or no prefill."""
+    waits, a step admits whoever arrived, so Poisson arrivals give about 1. NaN with under
+    3 steps or no prefill."""
     free = prefills[waiting == 0] if waiting is not None else prefills
     free = free[np.isfinite(free)]
     return float(free.var() / free.mean()) if len(free) >= 3 and free.mean() > 0 else float("nan")

@@ -142,7 +142,9 @@ def load_slope_identified(row_experiment: np.ndarray, running: np.ndarray) -> bo
     load moves.
 
     The rule is all or nothing: once one experiment spans two loads, the slope is fitted
-    from every row, the other experiments' differences included (they only dilute it).
+    from every row, the differences between experiments included; those can still bias
+    it, and only the experiments seen at two loads pull it toward the within-experiment
+    slope.
     """
     for e in np.unique(row_experiment):
         r = running[(row_experiment == e) & (running > 0)]

@@ -69,7 +69,7 @@ def linear_transfer_error(
     ``row_whole_run``: whether it is a whole-run mean (the ones compared). A group whose
     refit fails counts at the cap. ``load``: each row's running count at sending and the
     load term's column; a refit whose rows cannot pin that term
-    (``fitness.replay_rows.bound_load_term``) leaves it at 0, as the full fit would.
+    (``fitness.replay_rows.bound_load_term``) leaves it at 0, by the same rule as the full fit.
     None without any group.
     """
     if not groups:
