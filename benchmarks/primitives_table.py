@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fitness.dataset import build_step_table  # noqa: E402
 from fitness.efficiency import DEFAULT_EFFICIENCY_BOUNDS, as_bounds  # noqa: E402
 from fitness.kv_sharing import trace_kv_sharing  # noqa: E402
-from fitness.physics_check import term_efficiencies  # noqa: E402
+from fitness.physics_check import bound_flag, term_efficiencies  # noqa: E402
 from fitness.scoring import FitnessContext, fit_terms, term_physics  # noqa: E402
 from fitness.validate import SympyTerm, split_terms  # noqa: E402
 from primitives.data.roots import shared_data_root  # noqa: E402
@@ -77,8 +77,7 @@ def main() -> int:
         rows = term_efficiencies(f"{score.intercept!r} + {fitted}", bounds)
         mape = [score.per_experiment[e]["step_mape"] for e in table.experiment_names]
         for i, r in enumerate(rows):
-            flag = " (outside its bounds)" if r["outside_bounds"] else ""
-            flag = flag or (f" (on the {r['on_bound']} bound)" if r["on_bound"] else "")
+            flag = f", {bound_flag(r)}" if bound_flag(r) else ""
             value = f"{r['coefficient']:.3g}{' x' if r['kind'] == 'efficiency' else ' µs each'}{flag}"
             cells = [f"{m:.2%}" for m in mape] if i == 0 else [""] * len(mape)
             print(f"| {label if i == 0 else ''} | `{r['term']}` | {value} | " + " | ".join(cells) + " |")

@@ -243,7 +243,7 @@ def _overheads(overheads: dict) -> str:
 
 def _model_section(entry) -> str:
     from fitness.efficiency import run_efficiency_bounds
-    from fitness.physics_check import term_efficiencies
+    from fitness.physics_check import bound_flag, term_efficiencies
 
     bounds = run_efficiency_bounds(entry.run_config)
     eff = [
@@ -251,7 +251,7 @@ def _model_section(entry) -> str:
             f"<code>{escape(r['term'])}</code>",
             f"{r['coefficient']:.5g}",
             escape(r["kind"]),
-            escape("outside its bounds" if r["outside_bounds"] else r["on_bound"] or ""),
+            escape(bound_flag(r)),
         ]
         for r in term_efficiencies(entry.expression, bounds)
     ]

@@ -346,19 +346,10 @@ def entry_detail(entry: ArchiveEntry) -> list:
     return shown
 
 
-def _efficiency_flag(row: dict) -> str:
-    """What ``archive show`` says of one ``term_efficiencies`` row."""
-    if row["outside_bounds"]:
-        return f"OUTSIDE its bounds ({fmt_number(row['lower'])}-{fmt_number(row['upper'])})"
-    if row["on_bound"]:
-        return f"on the {row['on_bound']} bound ({fmt_number(row[row['on_bound']])})"
-    return "NEGATIVE" if row["kind"] == "negative time" else ""
-
-
 def efficiency_table(entry: ArchiveEntry):
     """Each term's fitted coefficient and kind; an efficiency on or outside its bounds is flagged."""
     from fitness.efficiency import run_efficiency_bounds
-    from fitness.physics_check import term_efficiencies
+    from fitness.physics_check import bound_flag, term_efficiencies
 
     bounds = run_efficiency_bounds(entry.run_config)
     rows = [
@@ -366,7 +357,7 @@ def efficiency_table(entry: ArchiveEntry):
             "term": r["term"],
             "kind": r["kind"],
             "coefficient": fmt_number(r["coefficient"]),
-            "flag": _efficiency_flag(r),
+            "flag": bound_flag(r),
         }
         for r in term_efficiencies(entry.expression, bounds)
     ]

@@ -60,6 +60,16 @@ def term_efficiencies(expression: str, bounds=DEFAULT_EFFICIENCY_BOUNDS) -> list
     return rows
 
 
+def bound_flag(row: dict) -> str:
+    """What every view (``archive show``, the HTML report, the primitives table) says of one
+    ``term_efficiencies`` row: outside or on a bound, a negative time, or nothing."""
+    if row["outside_bounds"]:
+        return f"OUTSIDE its bounds ({row['lower']:g}-{row['upper']:g})"
+    if row["on_bound"]:
+        return f"on the {row['on_bound']} bound ({row[row['on_bound']]:g})"
+    return "NEGATIVE" if row["kind"] == "negative time" else ""
+
+
 def probe_check(expression: str, deployments: list[Deployment], floor_fraction: float = 0.5) -> dict:
     """The physics probes on a fitted expression: monotone in work, and the lowest ratio of
     its step time to the measured-kernel floor (>= 1: never faster than its kernels allow)."""
@@ -79,4 +89,4 @@ def monotone_on_probes(expression: str, deployments: list[Deployment]) -> bool:
     return bool(probe_check(expression, deployments)["monotone"])
 
 
-__all__ = ["monotone_on_probes", "probe_check", "term_efficiencies"]
+__all__ = ["bound_flag", "monotone_on_probes", "probe_check", "term_efficiencies"]

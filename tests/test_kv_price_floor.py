@@ -109,6 +109,13 @@ def test_a_merged_coefficient_outside_its_bounds_is_flagged():
     assert row["outside_bounds"] and row["on_bound"] is None
     inside = term_efficiencies("1.16*kv_io_time_us + 1.3*weight_time_us", bounds)
     assert [(r["outside_bounds"], r["on_bound"]) for r in inside] == [(False, "upper"), (False, None)]
+    # one wording for archive show, the HTML report and the primitives table
+    from fitness.physics_check import bound_flag
+
+    assert bound_flag(row) == "OUTSIDE its bounds (1.055-1.16)"
+    assert [bound_flag(r) for r in inside] == ["on the upper bound (1.16)", ""]
+    rows = {r["term"]: r for r in term_efficiencies("-1.2*weight_time_us + 1.1*kv_io_time_us", bounds)}
+    assert bound_flag(rows["weight_time_us"]) == "NEGATIVE" and bound_flag(rows["kv_io_time_us"]) == ""
 
 
 def test_a_run_from_before_the_floors_resumes_without_them_and_bad_floors_are_refused(tmp_path):
