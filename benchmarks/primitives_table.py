@@ -78,7 +78,7 @@ def main() -> int:
         mape = [score.per_experiment[e]["step_mape"] for e in table.experiment_names]
         for i, r in enumerate(rows):
             flag = f", {bound_flag(r)}" if bound_flag(r) else ""
-            value = f"{r['coefficient']:.3g}{' x' if r['kind'] == 'efficiency' else ' µs each'}{flag}"
+            value = f"{r['coefficient']:g}{' x' if r['kind'] == 'efficiency' else ' µs each'}{flag}"
             cells = [f"{m:.2%}" for m in mape] if i == 0 else [""] * len(mape)
             print(f"| {label if i == 0 else ''} | `{r['term']}` | {value} | " + " | ".join(cells) + " |")
         print(f"| | intercept | {score.intercept:.0f} µs | " + " | ".join([""] * len(mape)) + " |")

@@ -266,7 +266,7 @@ def _model_section(entry) -> str:
         f"<p>Step time (µs):</p><pre>{escape(entry.expression)}</pre>"
         + _table(["", "value"], facts)
         + f"<h3>Fitted efficiencies (µs terms bounded to {escape(bounds.describe('–'))})</h3>"
-        + (_table(["term", "coefficient", "kind", "bounds"], eff) if eff else "<p>a constant: no terms</p>")
+        + (_table(["term", "coefficient", "kind", "flag"], eff) if eff else "<p>a constant: no terms</p>")
     )
 
 

@@ -214,15 +214,20 @@ def test_sigterm_checkpoints_and_stops_within_seconds(work):
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 120
-    while not generations_of(work / "runs" / "t"):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-        time.sleep(0.1)
-    time.sleep(1.0)
-    workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
-    t0 = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    rc = proc.wait(timeout=30)
+    try:
+        deadline = time.monotonic() + 120
+        while not generations_of(work / "runs" / "t"):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.1)
+        time.sleep(1.0)
+        workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=30)
+    finally:  # a failed check leaves no run behind on the cores
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert time.monotonic() - t0 < 15
     err = proc.stderr.read()
     assert rc == 130 and len(err.strip().splitlines()) == 1 and "--resume" in err, err
