@@ -194,6 +194,7 @@ class MeasuredKernels:
             h, kv, d, tp = p.stem.split("-")
             self._decode[(int(h), int(kv), int(d), int(tp[2:]))] = p
         self._prefill: dict[tuple[int, int, int], Path] = {}
+        self._kv_prices: dict[float, list[float]] = {}  # HBM bytes/µs -> marginal KV byte prices
         for p in sorted((self.directory / "attention_prefill").glob("*-*-*.csv")):
             h, kv, d = p.stem.split("-")
             self._prefill[(int(h), int(kv), int(d))] = p
@@ -279,7 +280,17 @@ class MeasuredKernels:
         that a step's overhead terms carry, so a ratio of latency to roofline would count it
         twice. On H100 the prices are 1.04-1.07 (median per table) for every head
         configuration and TP; the quantile trims the timing noise of single differences.
+        The prices are read once per bandwidth (the cap and the floor take two quantiles).
         """
+        if hbm_bytes_per_us not in self._kv_prices:
+            self._kv_prices[hbm_bytes_per_us] = self._marginal_kv_prices(hbm_bytes_per_us)
+        prices = self._kv_prices[hbm_bytes_per_us]
+        if not prices:
+            raise InputError(self.directory, "attention_decode", "no memory-bound decode timings to price a KV byte")
+        return float(np.quantile(prices, quantile))
+
+    def _marginal_kv_prices(self, hbm_bytes_per_us: float) -> list[float]:
+        """Every decode table's marginal prices of a KV byte (``kv_byte_price``)."""
         prices = []
         for (_, kv, d, tp), path in sorted(self._decode.items()):
             rows: dict[tuple[float, float], list[tuple[float, float]]] = {}  # (batch, bytes/token) -> points
@@ -294,9 +305,7 @@ class MeasuredKernels:
                     roofline_us = b * (c1 - c0) * bytes_per_token / hbm_bytes_per_us
                     if roofline_us >= MEMORY_BOUND_STEP_US:
                         prices.append((t1 - t0) / roofline_us)
-        if not prices:
-            raise InputError(self.directory, "attention_decode", "no memory-bound decode timings to price a KV byte")
-        return float(np.quantile(prices, quantile))
+        return prices
 
 
 MEMORY_BOUND_STEP_US = 20.0  # about the launch floor: a smaller step is timing noise on top of it
