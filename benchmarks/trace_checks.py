@@ -25,7 +25,14 @@
    and for the model scaled until its simulated cycle time is the trace's. The last row
    tells the simulator's queueing apart from the model's step price: near
    ``max_num_seqs`` a few percent of step time move the queue, and the TTFT with it, by
-   tens of percent. Then how bursty the arrivals at the server are: per stage, the
+   tens of percent. Each traced experiment's first line checks how the real server frees
+   a finished request's slot (the simulator holds it for exactly the next step): on how
+   many pairs of consecutive sampled steps the slots held outside a step's batch are as
+   many as the requests the tracer reports finished at the next. Its second, how fast a
+   fresh server starts: the requests present at the trace's first sampled step against
+   the draws at the same step (the load sends at its rate whatever the server does, so
+   more present means slower first steps). Then how bursty the arrivals at the server
+   are: per stage, the
    variance over the mean of the new prefills per step, on the steps with nobody waiting
    (the tracer counts a new request in two steps, its prompt and its first decode, and the
    simulated count does the same; Poisson arrivals give 1); and how many requests wait
@@ -140,14 +147,6 @@ def window_ratio(start_s, step_id, busy, model_us, lo_s: float, hi_s: float) -> 
     return w[0] / w[1]
 
 
-def ratio_cell(value: float | None, width: int, digits: int) -> str:
-    """A ratio in WIDTH characters ('-' where there is none, '>' past what fits)."""
-    if value is None:
-        return f"{'-':>{width}}"
-    text = f"{value:{width}.{digits}f}"
-    return text if len(text) <= width else f"{'>9.' + '9' * (digits - 1):>{width}}"
-
-
 def first_seconds(data, resolver, entry, kv_sharing) -> list[str]:
     """Check 2: a line per experiment."""
     expr = parse_infix(entry.expression)
@@ -172,9 +171,9 @@ def first_seconds(data, resolver, entry, kv_sharing) -> list[str]:
             continue
         base = float(np.median(steady))
         windows = [ratio(lo, lo + WINDOW_S) for lo in WINDOW_STARTS_S]
-        text = " ".join(ratio_cell(w / base if w is not None else None, 4, 2) for w in windows)
+        text = " ".join(cell(w / base if w is not None else None, 4, ".2f") for w in windows)
         spans = [ratio(lo, SPAN_S) for lo in (0.0, WINDOW_S)]
-        tail = " ".join(ratio_cell(w / base if w is not None else None, 5, 3) for w in spans)
+        tail = " ".join(cell(w / base if w is not None else None, 5, ".3f") for w in spans)
         out.append(f"{short(name):<26} {text} {tail}")
     return out
 
@@ -215,6 +214,21 @@ def tracer_prefills(admit_step: np.ndarray, n_steps: int) -> np.ndarray:
     token came back). ``admit_step``: each request's (-1: never admitted)."""
     admitted = np.bincount(admit_step[admit_step >= 0], minlength=n_steps)[:n_steps].astype(np.float64)
     return admitted + np.concatenate([[0.0], admitted[:-1]])
+
+
+def slot_release(g) -> tuple[int, int] | None:
+    """How the real server frees a finished request's slot: over the pairs of consecutive
+    sampled steps (ids k, k+1), on how many the requests holding a slot outside step k's
+    batch (``running_depth`` - prefill - decode requests) are as many as the tracer
+    reports finished at k+1; and the pairs. The simulator holds each finished request's
+    slot for exactly the next step (``fitness.sim.scheduler``). None without the columns."""
+    if not {"running_depth", "num_finished"} <= set(g.columns):
+        return None
+    held = (g["running_depth"] - g["num_prefill_reqs"] - g["num_decode_reqs"]).to_numpy(dtype=np.float64)
+    finished = g["num_finished"].to_numpy(dtype=np.float64)
+    pairs = np.flatnonzero(np.diff(g["step_id"].to_numpy()) == 1)
+    pairs = pairs[np.isfinite(held[pairs]) & np.isfinite(finished[pairs + 1])]
+    return int((held[pairs] == finished[pairs + 1]).sum()), len(pairs)
 
 
 def stage_stats(steps: StepSeries, lo_s: float, hi_s: float, max_running: int) -> dict | None:
@@ -285,7 +299,13 @@ class SimulatedStage:
     window_s: tuple[float, float]  # from QUEUE_SKIP_S in to the stage's end, s from the first step
 
 
-def simulate_stages(spec, deployment, expression: str, overheads: dict, seed: int, scatter) -> list[SimulatedStage]:
+@dataclass
+class SimulatedRun:
+    stages: list[SimulatedStage]
+    present: np.ndarray  # requests holding a slot or waiting after each step's scheduling
+
+
+def simulate_stages(spec, deployment, expression: str, overheads: dict, seed: int, scatter) -> SimulatedRun:
     """One simulation of SPEC's load with EXPRESSION, per load stage."""
     model = ExpressionLatencyModel(expression, deployment, overheads)
     result = simulate(spec, deployment, model, seed=seed, record=True, step_scales=step_scales(scatter, seed))
@@ -305,7 +325,23 @@ def simulate_stages(spec, deployment, expression: str, overheads: dict, seed: in
         ttft_s = result.metrics.stages[i].ttft_mean_s
         ttft_ms = ttft_s * 1e3 if ttft_s is not None else float("nan")
         out.append(SimulatedStage(stage_stats(series, *window, spec.max_num_seqs), ttft_ms, window))
-    return out
+    return SimulatedRun(out, series.running + series.waiting)
+
+
+def first_step_present(trace, runs: list[SimulatedRun]) -> str | None:
+    """The requests present (holding a slot or waiting) at the trace's first sampled step,
+    and at the same step id in each draw: the load sends from its first request on at the
+    stage's rate whatever the server does, so more requests there than in the draws means
+    the real server's first steps took longer than the model's (a server warming up).
+    None where the trace has no queue depths."""
+    if not {"running_depth", "waiting_depth"} <= set(trace.columns) or not len(trace):
+        return None
+    first = trace.loc[trace["step_id"].idxmin()]
+    real, k = first["running_depth"] + first["waiting_depth"], int(first["step_id"])
+    drawn = [float(run.present[k]) for run in runs if k < len(run.present)]
+    if not np.isfinite(real) or not drawn:
+        return None
+    return f"  requests present at step {k}, the first sampled: {real:g}; simulated {min(drawn):g}-{max(drawn):g}"
 
 
 def mean_stats(stats: list[dict | None]) -> dict | None:
@@ -317,9 +353,17 @@ def mean_stats(stats: list[dict | None]) -> dict | None:
     return {k: float(np.nanmean(v)) if np.isfinite(v := [s[k] for s in have]).any() else float("nan") for k in have[0]}
 
 
-def cell(value: float, width: int, form: str) -> str:
-    """VALUE in WIDTH characters ('-' where it is not a number)."""
-    return f"{value:{width}{form}}" if np.isfinite(value) else f"{'-':>{width}}"
+def cell(value: float | None, width: int, form: str) -> str:
+    """VALUE formatted as FORM in WIDTH characters: '-' where there is none (None or not a
+    number); past what fits, '>' and the largest number of that form that fits."""
+    if value is None or not np.isfinite(value):
+        return f"{'-':>{width}}"
+    text = f"{value:{width}{form}}"
+    if len(text) <= width:
+        return text
+    digits = int(form.strip("f").lstrip("."))
+    digits = min(digits, max(width - 3, 0))  # '>', at least one integer digit and the point
+    return ">" + ("9" * (width - digits - 2) + "." + "9" * digits if digits else "9" * (width - 1))
 
 
 def queue_row(stage: str, label: str, stats: dict | None, ttft_ms: float, below: str = "") -> str:
@@ -358,7 +402,9 @@ def scaled_row(spec, deployment, entry, draws: int, scatter, i: int, target_ms: 
         if factor == previous[0]:  # held at a limit: another round would simulate the same
             break
         expression = scaled_expression(entry.expression, factor)
-        scaled = [simulate_stages(spec, deployment, expression, entry.overheads, s, scatter)[i] for s in range(draws)]
+        scaled = [
+            simulate_stages(spec, deployment, expression, entry.overheads, s, scatter).stages[i] for s in range(draws)
+        ]
         stats = mean_stats([d.stats for d in scaled])
         if stats is not None and stats["cycle_ms"] > 0 and factor != previous[0] and stats["cycle_ms"] != previous[1]:
             slope = np.log(stats["cycle_ms"] / previous[1]) / np.log(factor / previous[0])
@@ -392,18 +438,25 @@ def queue_by_stage(data, specs: dict, resolver, entry, draws: int, scatter) -> l
             continue
         out.append(short(name))
         dep = resolver.resolve_experiment(spec)
-        real = trace_series(data.steps.loc[data.steps["experiment"] == name])
+        trace = data.steps.loc[data.steps["experiment"] == name]
         runs = [simulate_stages(spec, dep, entry.expression, entry.overheads, s, scatter) for s in range(draws)]
+        released = slot_release(trace)
+        if released is not None:
+            out.append(f"  slots held outside the batch = finished next step: {released[0]} of {released[1]} pairs")
+        present = first_step_present(trace, runs)
+        if present is not None:
+            out.append(present)
+        real = trace_series(trace)
         starts_s = trace_stage_starts_s(real, [d for _, d in spec.stages])
         if starts_s is None:
             out.append("  (no stage starts found in the trace: its rows use the first draw's windows)")
         for i, (rate, duration_s) in enumerate(spec.stages):
             # the trace's own stage, or where it cannot tell its stages apart, the first draw's
-            window = (starts_s[i] + QUEUE_SKIP_S, starts_s[i] + duration_s) if starts_s else runs[0][i].window_s
+            window = (starts_s[i] + QUEUE_SKIP_S, starts_s[i] + duration_s) if starts_s else runs[0].stages[i].window_s
             real_stats = stage_stats(real, *window, spec.max_num_seqs)
             obs = spec.observed.stages[i].ttft_mean_s if spec.observed and i < len(spec.observed.stages) else None
             observed_ms = obs * 1e3 if obs is not None else float("nan")
-            model = [run[i] for run in runs]
+            model = [run.stages[i] for run in runs]
             out.append(queue_row(f"  {i + 1}  {rate:g} req/s", "real", real_stats, observed_ms))
             out.append(draws_row("model", model, observed_ms))
             if i == 0:

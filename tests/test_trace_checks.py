@@ -42,10 +42,13 @@ def test_prefill_in_traces_counts_large_prefills_and_marks_cycles_below_the_floo
     assert len(lines) == 5 and max(len(line) for line in lines) <= 80
 
 
-def test_ratio_cells_fit_their_width():
+def test_cells_fit_their_width():
     tc = _trace_checks()
-    assert [tc.ratio_cell(v, 4, 2) for v in (1.234, None, 12.5)] == ["1.23", "   -", ">9.9"]
-    assert tc.ratio_cell(10.0, 5, 3) == ">9.99"
+    assert [tc.cell(v, 4, ".2f") for v in (1.234, None, 12.5, float("nan"))] == ["1.23", "   -", ">9.9", "   -"]
+    assert tc.cell(10.0, 5, ".3f") == ">9.99"
+    assert tc.cell(123.4, 4, ".1f") == ">9.9"
+    assert tc.cell(12345.0, 4, ".0f") == ">999"
+    assert tc.cell(56.8, 7, ".1f") == "   56.8"
     assert tc.window_ratio(np.array([0.0, 0.1, 0.2]), np.array([0, 5, 10]), np.ones(3, bool), np.zeros(3), 0, 1) is None
 
 
@@ -176,9 +179,10 @@ def test_the_tracer_counts_a_new_request_in_its_step_and_the_next():
 def test_the_loader_keeps_the_queue_depths_where_a_trace_has_them(tmp_path):
     trace = small_trace(30)
     trace.to_csv(tmp_path / "a.csv", index=False)
-    assert {"running_depth", "waiting_depth"}.isdisjoint(load_steps([tmp_path / "a.csv"]).steps)
+    assert {"running_depth", "waiting_depth", "num_finished"}.isdisjoint(load_steps([tmp_path / "a.csv"]).steps)
     trace["queue.waiting_depth"] = np.arange(30)[::-1]
     trace["queue.running_depth"] = trace["batch.num_decode_reqs"]
+    trace["batch.num_finished"] = 1
     trace.loc[3, "queue.waiting_depth"] = -1  # informative only: a bad value is unknown, not an error
     trace.to_csv(tmp_path / "b.csv", index=False)
     steps = load_steps([tmp_path / "b.csv"]).steps
@@ -186,6 +190,31 @@ def test_the_loader_keeps_the_queue_depths_where_a_trace_has_them(tmp_path):
     expected[3] = np.nan
     assert np.array_equal(steps["waiting_depth"].to_numpy(), expected, equal_nan=True)  # in step order
     assert steps["running_depth"].tolist() == trace["batch.num_decode_reqs"].tolist()
+    assert (steps["num_finished"] == 1).all()
+
+
+def test_slot_release_counts_the_pairs_whose_held_slots_finish_next():
+    tc = _trace_checks()
+    g = pd.DataFrame(
+        {
+            "step_id": [1, 2, 3, 5, 6, 7],  # pairs: (1, 2), (2, 3), (5, 6), (6, 7)
+            "running_depth": [10, 12, 12, 12, 12, 12],
+            "num_prefill_reqs": [1, 0, 1, 0, 0, 0],
+            "num_decode_reqs": [9, 10, 11, 10, 12, 12],  # held: 0, 2, 0, 2, 0, 0
+            "num_finished": [0, 0, 2, 0, 1, 0],  # (2, 3) and (1, 2) match; (5, 6) does not
+        }
+    )
+    assert tc.slot_release(g) == (3, 4)
+    assert tc.slot_release(g.drop(columns="num_finished")) is None
+
+
+def test_first_step_present_sets_the_first_sampled_step_against_the_draws():
+    tc = _trace_checks()
+    g = pd.DataFrame({"step_id": [7, 5, 9], "running_depth": [4, 10, 12], "waiting_depth": [0, 1, 0]})
+    runs = [tc.SimulatedRun([], np.array([0, 1, 1, 2, 2, 3, 3.0])), tc.SimulatedRun([], np.arange(10.0))]
+    assert tc.first_step_present(g, runs) == "  requests present at step 5, the first sampled: 11; simulated 3-5"
+    assert tc.first_step_present(g.drop(columns="waiting_depth"), runs) is None
+    assert tc.first_step_present(g, [tc.SimulatedRun([], np.zeros(3))]) is None  # no draw ran that long
 
 
 def test_a_trace_s_stages_start_after_its_idle_gaps():
@@ -231,10 +260,19 @@ def test_queue_by_stage_on_a_real_trace(shared_data):
     )
     lines = tc.queue_by_stage(data, {name: spec}, default_resolver(), entry, 1, None)
     assert lines[4] == "codellama-34b tp2 general" and max(len(line) for line in lines) <= 80
-    real, model, scaled = (line[21:].split() for line in lines[8:11])  # the second stage
-    assert lines[8].startswith("  2  20 req/s") and (real[0], model[0]) == ("real", "model")
+    # every finished request's slot is held for the next step, as the simulator holds it
+    held = raw["queue.running_depth"] - raw["batch.num_prefill_reqs"] - raw["batch.num_decode_reqs"]
+    pairs = np.flatnonzero(np.diff(raw["step.id"].to_numpy()) == 1)
+    matched = (held.to_numpy()[pairs] == raw["batch.num_finished"].to_numpy()[pairs + 1]).sum()
+    assert lines[5].endswith(f": {matched} of {len(pairs)} pairs") and matched == len(pairs) > 500
+    first = raw.iloc[0]
+    assert lines[6].startswith(f"  requests present at step {first['step.id']}, the first sampled: ")
+    assert lines[6].split(": ")[1].startswith(f"{first['queue.running_depth'] + first['queue.waiting_depth']};")
+    real, model, scaled = (line[21:].split() for line in lines[10:13])  # the second stage
+    assert lines[10].startswith("  2  20 req/s") and (real[0], model[0]) == ("real", "model")
     # the real row against the trace itself, from the first draw's window of the stage
-    (stage,) = tc.simulate_stages(spec, default_resolver().resolve_experiment(spec), entry.expression, {}, 0, None)[1:]
+    dep = default_resolver().resolve_experiment(spec)
+    (stage,) = tc.simulate_stages(spec, dep, entry.expression, {}, 0, None).stages[1:]
     t_s = (raw["step.ts_start_ns"] - raw["step.ts_start_ns"].min()).to_numpy() / 1e9
     w = raw[(t_s >= stage.window_s[0]) & (t_s < stage.window_s[1])]
     span_ms = (w["step.ts_start_ns"].iloc[-1] - w["step.ts_start_ns"].iloc[0]) / 1e6
@@ -260,7 +298,6 @@ def test_queue_by_stage_on_a_real_trace(shared_data):
     from fitness.sim.engine import simulate
     from fitness.sim.models import ExpressionLatencyModel
 
-    dep = default_resolver().resolve_experiment(spec)
     sim = simulate(spec, dep, ExpressionLatencyModel(entry.expression, dep, {}), seed=0, record=True)
     traj = sim.trajectory
     counts = np.zeros(traj.n_steps + 1)

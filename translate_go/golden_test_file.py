@@ -51,13 +51,11 @@ def _queueing_us(overheads: dict[str, float], running: int) -> int:
     return round_overhead_us(float(queue_us))
 
 
-def _method_rows(interface: str, overheads: dict[str, float]) -> str:
-    """The TestOverheads cases: each non-step method and the value Python expects."""
+def _method_rows(interface: str, overheads: dict[str, float], queue_idle_us: int) -> str:
+    """The TestOverheads cases: each non-step method and the value Python expects
+    (QueueingTime: QUEUE_IDLE_US, since a fresh model has priced no step yet)."""
     expected = [
-        (
-            f"QueueingTime(&Request{{InputTokens: goldenTokens[:{QUEUE_TEST_INPUT_TOKENS}]}})",
-            _queueing_us(overheads, 0),  # a fresh model has priced no step yet
-        ),
+        (f"QueueingTime(&Request{{InputTokens: goldenTokens[:{QUEUE_TEST_INPUT_TOKENS}]}})", queue_idle_us),
         ("OutputTokenProcessingTime()", round_overhead_us(overheads["output_token_processing_us"])),
     ]
     if interface == "seed":
@@ -107,6 +105,7 @@ def golden_test_source(
     want_us = python_step_time_us(expr, deployment, batches)
     empty_us = float(python_step_time_us(expr, deployment, [np.zeros((0, 4), dtype=np.int64)])[0])
     fold = overheads["scheduling_processing_us"] if interface == "blis" else 0.0
+    queue_idle_us = _queueing_us(overheads, 0)
     rows = [
         f"\t{{{len(b)}, {batch_checksum(b)}, {go_float_literal(us)}, {round_step_us(float(us) + fold)}}},"
         for b, us in zip(batches, want_us, strict=True)
@@ -130,10 +129,10 @@ def golden_test_source(
         fold_go=non_step_go_names()["scheduling_processing_us"] if interface == "blis" else "0",
         empty_batch_us=go_float_literal(empty_us) if math.isfinite(empty_us) else "0.0",
         empty_batch_finite="true" if math.isfinite(empty_us) else "false",
-        method_rows=_method_rows(interface, overheads),
+        method_rows=_method_rows(interface, overheads, queue_idle_us),
         queue_input_tokens=QUEUE_TEST_INPUT_TOKENS,
         queue_after_batch_us=_queueing_us(overheads, BENCH_BATCH_REQUESTS),
-        queue_idle_us=_queueing_us(overheads, 0),
+        queue_idle_us=queue_idle_us,
         bench_batch_requests=BENCH_BATCH_REQUESTS,
     )
 

@@ -65,8 +65,12 @@ COLUMN_UPPER = {
 REQUEST_COLUMNS = ("experiment_id", "step.id", "progress", "new_tokens", "input_len", "output_len")
 
 # optional columns kept where a trace has them (NaN where a value is not a count): requests
-# holding a slot, and queued, after scheduling
-QUEUE_MAP = {"queue.running_depth": "running_depth", "queue.waiting_depth": "waiting_depth"}
+# holding a slot, and queued, after scheduling; requests reported finished since the last step
+QUEUE_MAP = {
+    "queue.running_depth": "running_depth",
+    "queue.waiting_depth": "waiting_depth",
+    "batch.num_finished": "num_finished",
+}
 # canonical step columns (aggregate features keep their registry names)
 AGGREGATE_MAP = {
     "batch.prefill_tokens": "prefill_tokens",
@@ -82,8 +86,8 @@ class StepData:
 
     ``steps`` has one row per sampled step: experiment, model, tp, gpu, step_id,
     ts_start_us, cycle_time_us (NaN where the next step was not sampled) and the
-    aggregate features; ``running_depth`` and ``waiting_depth`` too where the trace has
-    them (``QUEUE_MAP``).
+    aggregate features; ``running_depth``, ``waiting_depth`` and ``num_finished`` too where
+    the trace has them (``QUEUE_MAP``).
     ``requests`` (optional) has one row per request in a step: step_row (row index into
     ``steps``), progress, new_tokens, input_len, output_len.
     """
