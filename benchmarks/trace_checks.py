@@ -28,7 +28,8 @@
    tens of percent. Each traced experiment's first line checks how the real server frees
    a finished request's slot (the simulator holds it for exactly the next step): on how
    many pairs of consecutive sampled steps the slots held outside a step's batch are as
-   many as the requests the tracer reports finished at the next. Its second, how fast a
+   many as the requests the tracer reports finished at the next (and how many pairs have
+   either above 0: the others test nothing). Its second, how fast a
    fresh server starts: the requests present at the trace's first sampled step against
    the draws at the same step (the load sends at its rate whatever the server does, so
    more present means slower first steps). Then how bursty the arrivals at the server
@@ -216,11 +217,12 @@ def tracer_prefills(admit_step: np.ndarray, n_steps: int) -> np.ndarray:
     return admitted + np.concatenate([[0.0], admitted[:-1]])
 
 
-def slot_release(g) -> tuple[int, int] | None:
+def slot_release(g) -> tuple[int, int, int] | None:
     """How the real server frees a finished request's slot: over the pairs of consecutive
     sampled steps (ids k, k+1), on how many the requests holding a slot outside step k's
     batch (``running_depth`` - prefill - decode requests) are as many as the tracer
-    reports finished at k+1; and the pairs. The simulator holds each finished request's
+    reports finished at k+1; the pairs; and those of them where either count is above 0
+    (a pair with neither tests nothing). The simulator holds each finished request's
     slot for exactly the next step (``fitness.sim.scheduler``). None without the columns."""
     if not {"running_depth", "num_finished"} <= set(g.columns):
         return None
@@ -228,7 +230,8 @@ def slot_release(g) -> tuple[int, int] | None:
     finished = g["num_finished"].to_numpy(dtype=np.float64)
     pairs = np.flatnonzero(np.diff(g["step_id"].to_numpy()) == 1)
     pairs = pairs[np.isfinite(held[pairs]) & np.isfinite(finished[pairs + 1])]
-    return int((held[pairs] == finished[pairs + 1]).sum()), len(pairs)
+    tested = int(((held[pairs] > 0) | (finished[pairs + 1] > 0)).sum())
+    return int((held[pairs] == finished[pairs + 1]).sum()), len(pairs), tested
 
 
 def stage_stats(steps: StepSeries, lo_s: float, hi_s: float, max_running: int) -> dict | None:
@@ -442,7 +445,8 @@ def queue_by_stage(data, specs: dict, resolver, entry, draws: int, scatter) -> l
         runs = [simulate_stages(spec, dep, entry.expression, entry.overheads, s, scatter) for s in range(draws)]
         released = slot_release(trace)
         if released is not None:
-            out.append(f"  slots held outside the batch = finished next step: {released[0]} of {released[1]} pairs")
+            matched, pairs, tested = released
+            out.append(f"  held slots = finished next step: {matched} of {pairs} pairs ({tested} not both 0)")
         present = first_step_present(trace, runs)
         if present is not None:
             out.append(present)
