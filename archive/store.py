@@ -177,11 +177,20 @@ class ArchiveStore:
 
     @contextmanager
     def _tx(self, write: bool = True) -> Iterator[sqlite3.Connection]:
-        """One transaction: all of it is committed or none of it (rollback on error/kill)."""
+        """One transaction: all of it is committed or none of it (rollback on error/kill).
+        A read that sqlite refuses (a table gone, a damaged page) is a one-line InputError."""
         conn = self._conn
-        with conn:  # commits on success, rolls back on an exception
-            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            yield conn
+        try:
+            with conn:  # commits on success, rolls back on an exception
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                yield conn
+        except sqlite3.DatabaseError as exc:
+            if write:
+                raise
+            raise self._damaged(None, exc) from None
+
+    def _damaged(self, what: str | None, exc: Exception) -> InputError:
+        return InputError(self.path, what, f"damaged archive, cannot read it ({type(exc).__name__}: {exc})")
 
     def _run_row(self, conn: sqlite3.Connection, run_id: str) -> tuple:
         row = conn.execute(
@@ -317,16 +326,22 @@ class ArchiveStore:
                 ).fetchone()
                 if row is not None:
                     rows.append(row)
-        config = json.loads(config_json)
+        try:
+            config = json.loads(config_json)
+        except (TypeError, ValueError) as exc:
+            raise self._damaged(f"run {run_id}", exc) from None
         out = []
         for entry_id, generation, on_front, payload in rows:
-            d = json.loads(payload)
-            d.update(id=entry_id, generation=int(generation), on_front=bool(on_front), run_id=run_id)
-            if not d.get("run_config"):
-                d["run_config"] = config
-            if not d.get("dataset_fingerprint"):
-                d["dataset_fingerprint"] = fingerprint
-            out.append(ArchiveEntry.from_dict(d))
+            try:
+                d = json.loads(payload)
+                d.update(id=entry_id, generation=int(generation), on_front=bool(on_front), run_id=run_id)
+                if not d.get("run_config"):
+                    d["run_config"] = config
+                if not d.get("dataset_fingerprint"):
+                    d["dataset_fingerprint"] = fingerprint
+                out.append(ArchiveEntry.from_dict(d))
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:  # the stored JSON is not an entry
+                raise self._damaged(f"entry {entry_id}", exc) from None
         return sorted(out, key=lambda e: (e.complexity, e.id)) if ids is None else out
 
     def _generation_ids(self, run_id: str | None, column: str) -> list[ArchiveEntry]:

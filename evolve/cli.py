@@ -85,6 +85,19 @@ def _get_entry(run_dir: str | None, entry_id: str) -> ArchiveEntry:
         return store.get(entry_id)
 
 
+def _plots_dir(run_dir: str | None) -> Path:
+    """Where validate's plot goes without --report: the plots folder of the run directory
+    the archive was read from (--run-dir, or the latest run here), or the current
+    directory where that one cannot be written (a read-only copy of a run)."""
+    from archive.rundir import RunDir, locate_archive
+
+    archive = locate_archive(run_dir)
+    try:
+        return writable_dir(RunDir(archive.parent).plots, "--run-dir")
+    except InputError:
+        return Path.cwd()
+
+
 def _front_or_fail(store) -> list[ArchiveEntry]:
     front = store.front()
     if not front:
@@ -305,6 +318,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         _must_exist(args.step_scatter, "--step-scatter", "dir")
     report_dir = writable_dir(args.report, "--report") if args.report else None
     entry = _get_entry(args.run_dir, args.id)
+    plot_dir = report_dir or _plots_dir(args.run_dir)
     resolver = _resolver(args)
     from evolve.validation import validate_entry
     from fitness.step_scatter import RUN_SCATTER
@@ -330,7 +344,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             args.mode,
             resolver,
             baseline=with_baseline,
-            plot_dir=report_dir,
+            plot_dir=plot_dir,
             refit_rounds=args.refit_rounds,
             seed=args.seed,
             load_draws=args.load_draws,
@@ -437,7 +451,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     except Exception as exc:  # the last net: one line and a crash log, never a bare traceback
-        from evolve.crash import is_disk_full, write_crash_log
+        from evolve.crash import interrupt_behind, is_disk_full, write_crash_log
+
+        interrupt = interrupt_behind(exc)
+        if isinstance(interrupt, KeyboardInterrupt):  # a signal handled inside compiled code
+            print(_one_line(_interruption(interrupt)), file=sys.stderr)
+            return 130
 
         if is_disk_full(exc):
             print(f"error: disk full ({_one_line(exc)}); the archive keeps its last whole generation", file=sys.stderr)

@@ -90,6 +90,20 @@ def kill_workers() -> None:
         executor.shutdown(wait=True, kill_workers=True)
 
 
+def interrupt_behind(exc: BaseException) -> BaseException | None:
+    """EXC itself if it is an interrupt (Ctrl-C, SIGTERM, the time limit: a KeyboardInterrupt,
+    or SystemExit), or the interrupt it was raised from: a signal handled just as compiled
+    (numba) code returns surfaces as a SystemError ("returned a result with an exception
+    set") chained to the interrupt. None for any other failure."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 class TimeLimitReached(KeyboardInterrupt):
     """``--time-limit`` ran out outside the generation loop (set-up, final checks): taken as an interrupt."""
 

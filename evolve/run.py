@@ -17,7 +17,7 @@ from archive.rundir import RunDir, RunLock, record_latest, refuse_used_dir
 from archive.store import ArchiveStore
 from evolve.calibration import calibrated_replay_rows, experiments_fingerprint, refresh_every, refresh_trajectories
 from evolve.config import RunConfig
-from evolve.crash import TimeLimitReached, time_limit_alarm
+from evolve.crash import TimeLimitReached, interrupt_behind, time_limit_alarm
 from evolve.evaluator import Evaluator
 from evolve.records import best_entries, record_front
 from evolve.resume import fresh_config, resumed_config
@@ -211,6 +211,10 @@ def _run(config: RunConfig, ui, termination: Termination) -> list:
     if config.resume:  # verified before any work: never a silent restart from generation 0
         if not run_dir.checkpoint.is_file():
             raise InputError(run_dir.checkpoint, "--resume", "no checkpoint to resume from; start a new run instead")
+        if not run_dir.archive.is_file():  # a new archive would lose the run's history unnoticed
+            raise InputError(
+                run_dir.archive, "--resume", "the run's archive is missing; restore it, or start a new run instead"
+            )
         saved = Search.peek_checkpoint(run_dir.checkpoint, owner)
         if config.generations < saved.generation:
             raise InputError(
@@ -239,14 +243,17 @@ def _run(config: RunConfig, ui, termination: Termination) -> list:
                 entries, summary = _search(
                     config, ctx, names, resolver, replay_model, evaluator, store, meta, termination, owner, ui
                 )
-            except (KeyboardInterrupt, SystemExit):
+            except BaseException as exc:
+                interrupt = interrupt_behind(exc)
+                if interrupt is None:
+                    store.finish_run(run_id, {"error": f"{type(exc).__name__}: {exc}"[:500]}, status="failed")
+                    raise
                 if next(r.status for r in store.runs() if r.run_id == run_id) == "running":  # before the loop
                     store.finish_run(run_id, {"generations": 0}, status="interrupted")
                 record_latest(root)  # the finished generations are kept, and resumable
-                raise
-            except BaseException as exc:
-                store.finish_run(run_id, {"error": f"{type(exc).__name__}: {exc}"[:500]}, status="failed")
-                raise
+                if interrupt is exc:
+                    raise
+                raise interrupt from None
             summary.update(dataset_fingerprint=fingerprint, kv_sharing=ctx.steps.kv_sharing, run_dir=str(root))
             store.finish_run(run_id, summary, status="finished" if summary["status"] == "finished" else "interrupted")
             record_latest(root)
@@ -275,12 +282,17 @@ def _search(
         callbacks.insert(0, TrajectoryRefresh(config, resolver, names, ui, termination))
     try:
         status = run_generations(search, termination, callbacks)
-    except (KeyboardInterrupt, SystemExit):
+    except BaseException as exc:
+        interrupt = interrupt_behind(exc)
+        if interrupt is None:
+            raise
         # keep what the finished generations found; the checkpoint allows --resume
         archiver.record(search)
         checkpointer.save(search)
         store.finish_run(run_id, {"generations": search.state.generation}, status="interrupted")
-        raise
+        if interrupt is exc:
+            raise
+        raise interrupt from None
     entries = record_front(store, search, meta, final=True)
     if config.experiments and config.closed_loop_checks > 0 and not termination.out_of_time():
         try:

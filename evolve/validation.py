@@ -192,10 +192,16 @@ def stage_fold(scored: list[ExperimentSpec]) -> Fold:
 
 def transfer_folds(mode: str, scored: list[ExperimentSpec], resolver: DeploymentResolver) -> tuple[str, list[Fold]]:
     """(what a fold holds out, the folds) of a transfer check."""
-    if mode == "lomo":
-        return "model", group_folds(scored, lambda s: resolver.resolve_experiment(s).model.name)
-    if mode == "lowo":
-        return "workload", group_folds(scored, lambda s: s.workload)
+    if mode in ("lomo", "lowo"):
+        kind = "model" if mode == "lomo" else "workload"
+        of = (lambda s: resolver.resolve_experiment(s).model.name) if mode == "lomo" else (lambda s: s.workload)
+        folds = group_folds(scored, of)
+        if len(folds) < 2:  # holding the only group out leaves nothing to refit on
+            only = folds[0].held if folds else "none"
+            raise InputError(
+                f"--{mode}", None, f"needs experiments with results of two {kind}s or more; found one: {only}"
+            )
+        return kind, folds
     fold = stage_fold(scored)
     if not fold.specs:
         raise InputError(

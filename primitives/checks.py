@@ -27,6 +27,7 @@ MAX_REQUESTS = 1_000_000  # simulated requests of one experiment (rate x duratio
 # tokens one simulation streams (requests x output_len): its per-token log must fit in memory; real: <= 7e6
 MAX_SIMULATED_TOKENS = 100_000_000
 MAX_MODEL_DIM = 10_000_000  # hidden sizes, layer and head counts, vocabularies
+MAX_INTEGER = 2**1000  # beyond what a float64 holds (about 1.8e308), a JSON or YAML integer is an error
 
 
 def number(
@@ -54,6 +55,8 @@ def number(
             value = float(str(value).strip())
         except ValueError:
             raise InputError(path, field, f"expected a number, got {value!r}") from None
+    if isinstance(value, int) and abs(value) > MAX_INTEGER:  # a float cannot hold it
+        raise InputError(path, field, f"expected a number of sensible size, got one of {len(str(abs(value)))} digits")
     if not math.isfinite(value):
         raise InputError(path, field, f"expected a finite number, got {value!r}")
     if integer:

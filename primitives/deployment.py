@@ -34,6 +34,7 @@ _KNOWN_ARCHITECTURES = {
     "MixtralForCausalLM",
     "Qwen2ForCausalLM",
 }
+_MOE_ARCHITECTURES = {"MixtralForCausalLM"}
 _REQUIRED_MODEL_FIELDS = (
     "hidden_size",
     "intermediate_size",
@@ -217,8 +218,11 @@ def model_from_config(cfg: dict, name: str, path: object = "<built-in>") -> Mode
             path, "hidden_size", f"{size['hidden_size']} is not a multiple of num_attention_heads {n_heads}"
         )
     head_dim = _optional(cfg, "head_dim", path, size["hidden_size"] // n_heads)
-    n_experts = _optional(cfg, "num_local_experts", path, 1)
-    experts_per_tok = _optional(cfg, "num_experts_per_tok", path, 1) if n_experts > 1 else 1
+    if arch in _MOE_ARCHITECTURES:  # its routing must be spelled out: a default of 1 expert would price it dense
+        n_experts, experts_per_tok = _need(cfg, "num_local_experts", path), _need(cfg, "num_experts_per_tok", path)
+    else:
+        n_experts = _optional(cfg, "num_local_experts", path, 1)
+        experts_per_tok = _optional(cfg, "num_experts_per_tok", path, 1) if n_experts > 1 else 1
     if experts_per_tok > n_experts:
         raise InputError(path, "num_experts_per_tok", f"{experts_per_tok} exceeds num_local_experts {n_experts}")
     dtype = cfg.get("torch_dtype")

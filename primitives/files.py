@@ -109,14 +109,48 @@ def read_text(path: str | os.PathLike) -> str:
     return text
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple]) -> dict:
+    """A mapping from (key, value) pairs; a key given twice is refused (JSON and YAML would
+    silently keep the last one)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key written twice in one mapping (a merged ``<<``
+    key may still be overridden, as YAML allows)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            keys = [self.construct_object(k, deep=deep) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"]
+            _unique_pairs([(k, None) for k in keys])
+        return super().construct_mapping(node, deep=deep)
+
+
 def parse_mapping(text: str, path: str | os.PathLike, kind: str) -> dict:
-    """TEXT parsed as JSON (``kind="json"``) or YAML; anything but a mapping is an InputError."""
+    """TEXT parsed as JSON (``kind="json"``) or YAML; anything but a mapping, or a mapping
+    that gives a key twice, is an InputError."""
     try:
-        data = json.loads(text) if kind == "json" else yaml.safe_load(text)
+        if kind == "json":
+            data = json.loads(text, object_pairs_hook=_unique_pairs)
+        else:
+            data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except json.JSONDecodeError as exc:
         raise InputError(path, None, f"not valid JSON (line {exc.lineno}: {exc.msg})") from None
     except yaml.YAMLError as exc:
         raise InputError(path, None, f"not valid YAML ({str(exc).splitlines()[0]})") from None
+    except _DuplicateKey as exc:
+        raise InputError(path, str(exc.args[0]), "given twice; expected each key once") from None
+    except RecursionError:
+        raise InputError(path, None, "nested too deeply to read") from None
     if not isinstance(data, dict):
         what = "a JSON object" if kind == "json" else "a mapping at the top level"
         raise InputError(path, None, f"expected {what}, got {type(data).__name__}")

@@ -43,6 +43,7 @@ at batch 1 that takes 23 µs with four times the context).
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -53,6 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError
+from .files import read_text
 from .lookup import lookup1, lookup1_array, lookup2, lookup2_array
 
 BUILTIN_KERNEL_GPUS = {"h100sxm": "h100", "h100": "h100"}
@@ -134,11 +136,25 @@ CONTEXT_GRID = LogGrid(4.0, 0.5, 2 * 13 + 1)  # 16 .. 131,072 tokens
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
+    """The rows of a kernel table (a regular UTF-8 file with a header and at least one row)."""
     try:
-        with open(path, newline="") as f:
-            return list(csv.DictReader(f))
-    except OSError as exc:
-        raise InputError(path, None, f"cannot read kernel table ({exc.strerror})") from None
+        rows = list(csv.DictReader(io.StringIO(read_text(path), newline="")))
+    except csv.Error as exc:
+        raise InputError(path, None, f"not a readable CSV table ({exc})") from None
+    if not rows:
+        raise InputError(path, None, "expected a header and at least one row of timings")
+    return rows
+
+
+def _table_key(path: Path, parts: int, tp: bool) -> tuple[int, ...]:
+    """The head configuration (and TP) a table's file name gives, e.g. 64-8-128-tp4.csv."""
+    fields = path.stem.split("-")
+    if tp and len(fields) == parts and fields[-1].startswith("tp"):
+        fields[-1] = fields[-1][2:]
+    example = "64-8-128-tp4.csv (heads-kv_heads-head_dim-tpN)" if tp else "64-8-128.csv (heads-kv_heads-head_dim)"
+    if len(fields) != parts or not all(f.isdigit() and int(f) > 0 for f in fields):
+        raise InputError(path, None, f"expected a table name like {example}")
+    return tuple(int(f) for f in fields)
 
 
 def _number(row: dict, key: str, path: Path) -> float:
@@ -153,15 +169,24 @@ def _number(row: dict, key: str, path: Path) -> float:
 
 def _decode_rows(path: Path) -> list[tuple[float, float, float, str]]:
     """(batch, context length, latency µs, KV dtype) of every row of a decode-attention table."""
-    return [
-        (
-            _number(row, "batch_size", path),
-            _number(row, "kv_len", path),
-            _number(row, "latency_us", path),
-            row.get("kv_dtype", "bf16"),
+    rows = []
+    for row in _read_csv(path):
+        dtype = row.get("kv_dtype") or "bf16"
+        if dtype not in DTYPE_BYTES:
+            raise InputError(path, "kv_dtype", f"one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+        rows.append(
+            (_number(row, "batch_size", path), _number(row, "kv_len", path), _number(row, "latency_us", path), dtype)
         )
-        for row in _read_csv(path)
-    ]
+    return rows
+
+
+def _prefill_points(path: Path) -> np.ndarray:
+    """(sequence length, latency µs) of a prefill-attention table, by length: at least two
+    lengths (below the shortest, the first segment's slope continues)."""
+    pts = np.array(sorted((_number(r, "seq_len", path), _number(r, "latency_us", path)) for r in _read_csv(path)))
+    if len(np.unique(pts[:, 0])) < 2:
+        raise InputError(path, "seq_len", "expected timings at two sequence lengths or more")
+    return pts
 
 
 def _loglog(x: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
@@ -189,16 +214,16 @@ class MeasuredKernels:
             shape = (_number(row, "k", gemm_path), _number(row, "n", gemm_path))
             curves.setdefault(shape, []).append((_number(row, "m", gemm_path), _number(row, "latency_us", gemm_path)))
         self.gemm = {s: np.array(sorted(v)).T for s, v in curves.items()}
-        self._decode: dict[tuple[int, int, int, int], Path] = {}
+        # every table is read and checked here, once: a bad one is an input error before any work
+        self._decode_rows: dict[tuple[int, ...], list[tuple[float, float, float, str]]] = {}
         for p in sorted((self.directory / "attention_decode").glob("*-*-*-tp*.csv")):
-            h, kv, d, tp = p.stem.split("-")
-            self._decode[(int(h), int(kv), int(d), int(tp[2:]))] = p
-        self._prefill: dict[tuple[int, int, int], Path] = {}
-        self._kv_prices: dict[float, list[float]] = {}  # HBM bytes/µs -> marginal KV byte prices
+            key = _table_key(p, 4, tp=True)
+            self._decode_rows[key] = _decode_rows(p)
+        self._prefill: dict[tuple[int, ...], np.ndarray] = {}
         for p in sorted((self.directory / "attention_prefill").glob("*-*-*.csv")):
-            h, kv, d = p.stem.split("-")
-            self._prefill[(int(h), int(kv), int(d))] = p
-        if not self._decode or not self._prefill:
+            self._prefill[_table_key(p, 3, tp=False)] = _prefill_points(p)
+        self._kv_prices: dict[float, list[float]] = {}  # HBM bytes/µs -> marginal KV byte prices
+        if not self._decode_rows or not self._prefill:
             raise InputError(self.directory, "attention_decode", "expected decode and prefill attention tables")
 
     # matmul ----------------------------------------------------------------
@@ -224,12 +249,11 @@ class MeasuredKernels:
     def decode_us(self, n_heads: int, n_kv_heads: int, head_dim: int, tp: int, batch, context):
         """(len(batch), len(context)) per-layer latencies, and the table's launch floor."""
         key = (n_heads, n_kv_heads, head_dim, tp)
-        if key not in self._decode:
-            key = self._nearest(self._decode, n_heads / tp, n_kv_heads / tp, head_dim, None)
-        path = self._decode[key]
+        if key not in self._decode_rows:
+            key = self._nearest(self._decode_rows, n_heads / tp, n_kv_heads / tp, head_dim, None)
         scale = (n_kv_heads / tp) / (key[1] / key[3])
         rows: dict[float, list[tuple[float, float]]] = {}
-        for b, context_len, latency, _ in _decode_rows(path):
+        for b, context_len, latency, _ in self._decode_rows[key]:
             rows.setdefault(b, []).append((context_len, latency))
         floor = min(v for pts in rows.values() for _, v in pts)
         batches = np.array(sorted(rows))
@@ -257,9 +281,7 @@ class MeasuredKernels:
         key = (n_heads, n_kv_heads, head_dim)
         if key not in self._prefill:
             key = self._nearest(self._prefill, float(n_heads), float(n_kv_heads), head_dim, None)
-        path = self._prefill[key]
-        pts = np.array(sorted((_number(r, "seq_len", path), _number(r, "latency_us", path)) for r in _read_csv(path)))
-        ss, lat = pts.T
+        ss, lat = self._prefill[key].T
         s = np.asarray(seq_len, dtype=np.float64)
         first_slope = math.log(lat[1] / lat[0]) / math.log(ss[1] / ss[0])
         inside = _loglog(np.clip(s, ss[0], ss[-1]), ss, lat)
@@ -292,11 +314,9 @@ class MeasuredKernels:
     def _marginal_kv_prices(self, hbm_bytes_per_us: float) -> list[float]:
         """Every decode table's marginal prices of a KV byte (``kv_byte_price``)."""
         prices = []
-        for (_, kv, d, tp), path in sorted(self._decode.items()):
+        for (_, kv, d, tp), table in sorted(self._decode_rows.items()):
             rows: dict[tuple[float, float], list[tuple[float, float]]] = {}  # (batch, bytes/token) -> points
-            for b, context_len, latency, dtype in _decode_rows(path):
-                if dtype not in DTYPE_BYTES:
-                    raise InputError(path, "kv_dtype", f"one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+            for b, context_len, latency, dtype in table:
                 bytes_per_token = 2 * kv / tp * d * DTYPE_BYTES[dtype]
                 rows.setdefault((b, bytes_per_token), []).append((context_len, latency))
             for (b, bytes_per_token), pts in rows.items():

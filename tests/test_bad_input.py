@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from error_lines import assert_one_line_error, call, good_trace, run_args, set_cell
 
 
@@ -57,6 +58,10 @@ TRACE_CASES = {
     "nan": (lambda df: set_cell(df, 4, "batch.prefill_tokens", np.nan), ["batch.prefill_tokens", "NaN", "row 4"]),
     "infinite": (lambda df: set_cell(df, 7, "step.ts_start_ns", np.inf), ["step.ts_start_ns", "non-finite"]),
     "negative_count": (lambda df: set_cell(df, 7, "batch.decode_tokens", -1), ["batch.decode_tokens", "negative"]),
+    "fractional_count": (
+        lambda df: set_cell(df, 3, "batch.decode_tokens", 2.5),
+        ["batch.decode_tokens", "non-integer value 2.5 in row 3"],
+    ),
     "zero_duration": (lambda df: set_cell(df, 5, "step.duration_us", 0), ["step.duration_us", "non-positive"]),
     "negative_duration": (lambda df: set_cell(df, 5, "step.duration_us", -3), ["step.duration_us", "negative"]),
     "zero_cycle": (_zero_cycle, ["step.ts_start_ns", "row 6", "monotonic"]),
@@ -193,6 +198,14 @@ def _model_configs(work: Path, cfg: dict | str) -> Path:
         ("unknown_dtype", {**LLAMA_7B, "torch_dtype": "int3"}, ["torch_dtype", "int3"]),
         ("empty_file", "", ["empty"]),
         ("invalid_json", "{nope", ["not valid JSON"]),
+        (
+            "moe_without_experts",
+            {**LLAMA_7B, "architectures": ["MixtralForCausalLM"]},
+            ["num_local_experts", "missing"],
+        ),
+        ("huge_integer", json.dumps(LLAMA_7B).replace("4096", "1" + "0" * 400, 1), ["hidden_size", "401 digits"]),
+        ("duplicate_key", json.dumps(LLAMA_7B)[:-1] + ', "num_hidden_layers": 40}', ["num_hidden_layers", "twice"]),
+        ("nested_too_deeply", "[" * 100_000 + "]" * 100_000, ["nested too deeply"]),
     ],
 )
 def test_bad_model_config(case, cfg, needles, work, capsys):
@@ -287,11 +300,12 @@ def _experiment(
     summary: dict | str | None = "ok",
     stages: int = 1,
     exp_config: str = EXP_CONFIG,
+    results_config: str = RESULTS_CONFIG,
 ) -> Path:
     d = root / name
     (d / "results").mkdir(parents=True)
     (d / "exp-config.yaml").write_text(exp_config)
-    (d / "results" / "config.yaml").write_text(RESULTS_CONFIG)
+    (d / "results" / "config.yaml").write_text(results_config)
     for i in range(stages):
         (d / "results" / f"stage_{i}_lifecycle_metrics.json").write_text(json.dumps(_metrics()))
     if summary is not None:
@@ -328,6 +342,34 @@ def test_validate_lomo_on_experiments_without_results(archive, work, capsys):
     assert_one_line_error(rc, err, "exps", "results")
 
 
+@pytest.mark.parametrize("mode, kind", [("--lomo", "models"), ("--lowo", "workloads")])
+def test_validate_leave_one_out_of_a_single_group_says_so(mode, kind, archive, work, capsys):
+    run_dir, entry_id, _ = archive
+    _experiment(work / "exps")
+    rc, _, err = call(["validate", entry_id, mode, "--experiments", "exps", "--run-dir", run_dir], capsys)
+    assert_one_line_error(rc, err, mode, f"two {kind} or more", "found one")
+
+
+def test_validate_experiment_whose_stage_files_do_not_match_its_load_stages(archive, work, capsys):
+    run_dir, entry_id, _ = archive
+    _experiment(work / "exps", stages=2)  # RESULTS_CONFIG has one load stage
+    rc, _, err = call(["validate", entry_id, "--experiments", "exps", "--run-dir", run_dir], capsys)
+    assert_one_line_error(rc, err, "results", "2 stage files for the 1 load stages", "one per stage")
+
+
+def test_validate_experiment_whose_results_are_a_file(archive, work, capsys):
+    import shutil
+
+    run_dir, entry_id, _ = archive
+    d = _experiment(work / "exps")
+    shutil.rmtree(d / "results")
+    # the load generator's input (one line of JSON), read where results/ is missing
+    (d / "profile.yaml").write_text(json.dumps(yaml.safe_load(RESULTS_CONFIG)))
+    (d / "results").write_text("withheld?")
+    rc, _, err = call(["validate", entry_id, "--experiments", "exps", "--run-dir", run_dir], capsys)
+    assert_one_line_error(rc, err, "results", "is a file", "expected the folder")
+
+
 def test_validate_experiment_with_stage_metrics_but_no_summary(archive, work, capsys):
     run_dir, entry_id, _ = archive
     _experiment(work / "exps", summary=None, stages=2)
@@ -362,6 +404,20 @@ def test_validate_experiment_with_bad_exp_config(archive, work, capsys):
     assert_one_line_error(rc, err, "exp-config.yaml", "tensor_parallelism", "missing")
 
 
+def test_validate_experiment_with_a_load_the_simulator_does_not_reproduce(archive, work, capsys):
+    run_dir, entry_id, _ = archive
+    _experiment(work / "exps", results_config=RESULTS_CONFIG.replace("type: constant", "type: poisson"))
+    rc, _, err = call(["validate", entry_id, "--experiments", "exps", "--run-dir", run_dir], capsys)
+    assert_one_line_error(rc, err, "config.yaml", "load.type", "expected constant", "'poisson'")
+
+
+def test_validate_experiment_with_a_key_given_twice(archive, work, capsys):
+    run_dir, entry_id, _ = archive
+    _experiment(work / "exps", exp_config=EXP_CONFIG + "tensor_parallelism: 2\n")
+    rc, _, err = call(["validate", entry_id, "--experiments", "exps", "--run-dir", run_dir], capsys)
+    assert_one_line_error(rc, err, "exp-config.yaml", "tensor_parallelism", "given twice")
+
+
 # --- archive ids ----------------------------------------------------------------------
 @pytest.mark.parametrize(
     "command",
@@ -384,3 +440,43 @@ def test_unknown_archive_id(command, archive, work, capsys):
 def test_unknown_run_dir(work, capsys):
     rc, _, err = call(["archive", "show", "deadbeef", "--run-dir", "no-such-run"], capsys)
     assert_one_line_error(rc, err, "no-such-run", "--run-dir")
+
+
+def test_validate_plots_into_the_run_directory_it_was_given(archive, work, capsys):
+    """A copied run: the plot goes to the copy's plots folder, not to the folder the
+    archive recorded when the run was made (another run's, or nowhere)."""
+    import shutil
+
+    run_dir, entry_id, _ = archive
+    copy = work / "copied-run"
+    shutil.copytree(run_dir, copy)
+    _experiment(work / "exps")
+    before = sorted((Path(run_dir) / "plots").glob("*.png")) if (Path(run_dir) / "plots").is_dir() else []
+    rc, out, _ = call(["validate", entry_id, "--experiments", "exps", "--run-dir", str(copy)], capsys)
+    assert rc == 0 and list((copy / "plots").glob(f"validate-{entry_id}*.png"))
+    after = sorted((Path(run_dir) / "plots").glob("*.png")) if (Path(run_dir) / "plots").is_dir() else []
+    assert after == before
+
+
+@pytest.mark.parametrize(
+    "damage, command, needles",
+    [
+        ("UPDATE entries SET payload = 'not json'", ["archive", "show", "ID"], ["entry", "damaged archive"]),
+        ("UPDATE entries SET payload = '{}'", ["archive", "list"], ["entry", "damaged archive"]),
+        ("DROP TABLE generations", ["archive", "best"], ["damaged archive", "no such table"]),
+    ],
+)
+def test_a_damaged_archive_is_a_one_line_error(damage, command, needles, archive, work, capsys):
+    import shutil
+    import sqlite3
+
+    run_dir, entry_id, _ = archive
+    copy = work / "damaged-run"
+    shutil.copytree(run_dir, copy)
+    con = sqlite3.connect(copy / "archive.sqlite")
+    con.execute(damage)
+    con.commit()
+    con.close()
+    args = [entry_id if a == "ID" else a for a in command]
+    rc, _, err = call([*args, "--run-dir", str(copy)], capsys)
+    assert_one_line_error(rc, err, "archive.sqlite", *needles)

@@ -13,6 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_bad_input import EXP_CONFIG, H100, LLAMA_7B, _experiment
 
+from primitives.data.traces import NUMERIC_COLUMNS
+
 SETTINGS = settings(
     max_examples=int(os.environ.get("STEPSYNTH_EXAMPLES", "30")),
     deadline=None,
@@ -94,17 +96,7 @@ def test_generated_bad_datasheet(where, value, capsys):
         assert_refused(rc, err, root, "gpu.json", f"{section}.{key}")
 
 
-TRACE_COLUMNS = [
-    "tp",
-    "step.id",
-    "step.ts_start_ns",
-    "batch.prefill_tokens",
-    "batch.decode_tokens",
-    "batch.num_prefill_reqs",
-    "batch.num_decode_reqs",
-    "kv.blocks_total_gpu",
-    "kv.blocks_free_gpu",
-]
+TRACE_COLUMNS = list(NUMERIC_COLUMNS)  # every numeric column of a step trace
 TRACE_NONSENSE = st.one_of(
     st.integers(max_value=-1),
     st.sampled_from([float("nan"), float("inf"), float("-inf"), 1e300, "many", "1,5"]),

@@ -107,3 +107,67 @@ def test_bad_kernels_folder_is_one_line(tmp_path, capsys):
     assert main(["run", "--generations", "1", "--kernels", str(tmp_path), "--run-dir", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "gemm.csv" in err[0]
+
+
+def _kernels_copy(tmp_path):
+    import shutil
+
+    shutil.copytree(KERNELS, tmp_path / "k")
+    return tmp_path / "k"
+
+
+def _damage_empty_gemm(k):
+    (k / "gemm.csv").write_text("")
+
+
+def _damage_header_only_decode(k):
+    p = next((k / "attention_decode").glob("*.csv"))
+    p.write_text(p.read_text().splitlines()[0] + "\n")
+
+
+def _damage_binary_gemm(k):
+    (k / "gemm.csv").write_bytes(b"m,k,n,latency_us\n\xff\xfe\x00\x01\n")
+
+
+def _damage_fifo_decode(k):
+    import os
+
+    p = next((k / "attention_decode").glob("*.csv"))
+    p.unlink()
+    os.mkfifo(p)
+
+
+def _damage_stray_decode_name(k):
+    p = next((k / "attention_decode").glob("*.csv"))
+    (p.parent / (p.stem + "-old.csv")).write_text(p.read_text())
+
+
+def _damage_zero_heads_prefill(k):
+    p = next((k / "attention_prefill").glob("*.csv"))
+    p.rename(p.parent / ("0-" + p.name.split("-", 1)[1]))
+
+
+def _damage_one_row_prefill(k):
+    p = next((k / "attention_prefill").glob("*.csv"))
+    p.write_text("\n".join(p.read_text().splitlines()[:2]) + "\n")
+
+
+@pytest.mark.parametrize(
+    "damage, what",
+    [
+        (_damage_empty_gemm, "gemm.csv: the file is empty"),
+        (_damage_header_only_decode, "expected a header and at least one row"),
+        (_damage_binary_gemm, "not a text file"),
+        (_damage_fifo_decode, "expected a file"),
+        (_damage_stray_decode_name, "expected a table name like 64-8-128-tp4.csv"),
+        (_damage_zero_heads_prefill, "expected a table name like 64-8-128.csv"),
+        (_damage_one_row_prefill, "two sequence lengths"),
+    ],
+)
+def test_a_damaged_kernels_folder_is_a_one_line_error_before_any_work(tmp_path, capsys, damage, what):
+    k = _kernels_copy(tmp_path)
+    damage(k)
+    assert main(["run", "--generations", "1", "--kernels", str(k), "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and what in err[0], err
+    assert not (tmp_path / "r").exists()

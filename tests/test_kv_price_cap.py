@@ -44,10 +44,9 @@ def test_the_kv_byte_price_is_the_marginal_cost_not_the_launch_floor(tmp_path, d
     assert k.kv_byte_price(HBM_BYTES_PER_US) == pytest.approx(1.1, rel=1e-6)
 
 
-def test_an_unknown_kv_dtype_is_a_one_line_input_error(tmp_path):
-    k = kernels_folder(tmp_path, 1.1, "int3")
+def test_an_unknown_kv_dtype_is_a_one_line_input_error_when_the_folder_is_read(tmp_path):
     with pytest.raises(InputError, match="kv_dtype"):
-        k.kv_byte_price(HBM_BYTES_PER_US)
+        kernels_folder(tmp_path, 1.1, "int3")
 
 
 def test_h100s_measured_kernels_price_a_kv_byte_near_its_roofline():

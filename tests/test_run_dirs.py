@@ -95,6 +95,7 @@ def test_a_resume_with_the_same_flags_goes_on(done, capsys):
         (lambda d: (d / "run.json").write_text("[200, 200]"), ["run.json", "JSON object"]),
         (lambda d: (d / "run.json").write_text('{"generations": 1}'), ["run.json", "population", "missing"]),
         (lambda d: _swap_token(d / "run.json"), ["checkpoint.pkl", "run_token", "another run"]),
+        (lambda d: (d / "archive.sqlite").unlink(), ["archive.sqlite", "--resume", "missing"]),
     ],
 )
 def test_a_resume_never_restarts_from_zero_silently(damage, needles, done, capsys):
@@ -312,3 +313,27 @@ def test_the_pool_manager_thread_stays_quiet_inside_a_run_and_other_threads_do_n
     hook(args_of("ExecutorManagerThread"))  # loky's race on an interrupt: no traceback over the one line
     hook(args_of("worker-1"))
     assert seen == ["worker-1"]
+
+
+def test_an_interrupt_raised_inside_compiled_code_stops_the_run_as_ctrl_c_does(work, monkeypatch, capsys):
+    """A signal handled just as a numba function returns surfaces as a SystemError chained
+    to the KeyboardInterrupt: the run is interrupted (checkpoint, status, exit 130), not failed."""
+    import evolve.run
+
+    real = evolve.run.run_generations
+
+    def one_generation_then_signal(search, termination, callbacks):
+        termination.generations = 1
+        real(search, termination, callbacks)
+        try:
+            raise KeyboardInterrupt("signal 2")
+        except KeyboardInterrupt as exc:
+            raise SystemError("CPUDispatcher(<function f>) returned a result with an exception set") from exc
+
+    monkeypatch.setattr(evolve.run, "run_generations", one_generation_then_signal)
+    rc, _, err = call(
+        ["run", "--generations", "5", "--population", "20", "--data", "good.csv", "--run-dir", "runs/t"], capsys
+    )
+    assert rc == 130 and len(err.strip().splitlines()) == 1 and err.startswith("interrupted") and "--resume" in err, err
+    assert status_of(work / "runs" / "t") == ["interrupted"]
+    assert Search.peek_checkpoint(work / "runs" / "t" / "checkpoint.pkl").generation >= 1

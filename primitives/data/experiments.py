@@ -31,6 +31,7 @@ from primitives.files import read_mapping
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
 DEFAULT_STAGE_INTERVAL_S = 1.0  # inference-perf's ``load.interval``: pause between stages
+SIMULATED_LOAD_TYPES = ("constant",)  # inference-perf's load timers that fitness.sim.loadgen reproduces
 
 EXP_CONFIG = "exp-config.yaml"
 PROFILE = "profile.yaml"
@@ -342,8 +343,13 @@ def load_experiment(directory: str | Path) -> ExperimentSpec:
         )
     )
     load_type = _get(cfg, "load.type", src_path, "constant")
-    if not isinstance(load_type, str):
-        raise InputError(src_path, "load.type", f"expected a load type name, got {load_type!r}")
+    if load_type not in SIMULATED_LOAD_TYPES:
+        raise InputError(
+            src_path,
+            "load.type",
+            f"expected constant (the load timer the simulator reproduces: per stage, exponential gaps"
+            f" rescaled to span it), got {load_type!r}",
+        )
 
     streamed = sum(int(rate * duration) for rate, duration in stages) * int(shape["output_len"])
     if streamed > checks.MAX_SIMULATED_TOKENS:
@@ -354,7 +360,16 @@ def load_experiment(directory: str | Path) -> ExperimentSpec:
         )
 
     results_dir = directory / "results"
+    if results_dir.exists() and not results_dir.is_dir():
+        raise InputError(results_dir, None, "is a file; expected the folder of the run's results (or none: withheld)")
     observed = load_observed(results_dir) if results_dir.is_dir() else None
+    if observed is not None and observed.stages and len(observed.stages) != len(stages):
+        raise InputError(
+            results_dir,
+            "stage_<N>_lifecycle_metrics.json",
+            f"{len(observed.stages)} stage files for the {len(stages)} load stages of {src_path.name};"
+            " expected one per stage (or none)",
+        )
 
     return ExperimentSpec(
         name=directory.name,

@@ -43,8 +43,24 @@ REQUIRED_COLUMNS = {
     "kv.blocks_free_gpu": "a non-negative KV block count",
 }
 NUMERIC_COLUMNS = [c for c in REQUIRED_COLUMNS if c not in ("experiment_id", "model")]
-# ids and degrees are whole numbers: a fractional one would be silently truncated
-INTEGER_COLUMNS = frozenset({"step.id", "tp"})
+# ids, degrees and counts (tokens, requests, KV blocks) are whole numbers: a fractional one
+# would be silently truncated, or priced as work no step does
+INTEGER_COLUMNS = frozenset(
+    {
+        "step.id",
+        "tp",
+        "batch.prefill_tokens",
+        "batch.decode_tokens",
+        "batch.num_prefill_reqs",
+        "batch.num_decode_reqs",
+        "kv.blocks_total_gpu",
+        "kv.blocks_free_gpu",
+        "progress",
+        "new_tokens",
+        "input_len",
+        "output_len",
+    }
+)
 # physical sanity bounds of a column (checks' limits; ids and ns timestamps exact in a float64)
 COLUMN_UPPER = {
     "tp": checks.MAX_TP,
@@ -129,7 +145,9 @@ def _read_table(path: Path) -> pd.DataFrame:
         raise InputError(path, None, f"cannot read file ({exc.strerror})") from None
     except Exception as exc:  # pyarrow/pandas parse errors carry long messages
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(path, None, f"not a readable {path.suffix[1:]} table ({first[:120]})") from None
+        if len(first) > 120:  # cut at a sentence's end, not in the middle of one
+            first = first[: first.rfind(". ", 0, 120) + 1] if ". " in first[:120] else first[:117] + "..."
+        raise InputError(path, None, f"not a readable {path.suffix[1:]} table ({first})") from None
     raise InputError(path, None, "unsupported file type; expected .parquet or .csv")
 
 
