@@ -16,6 +16,10 @@ def _trace_checks():
     return load_benchmark("trace_checks")
 
 
+def _trace_queue():
+    return load_benchmark("trace_queue")
+
+
 def test_prefill_in_traces_counts_large_prefills_and_marks_cycles_below_the_floor():
     tc = _trace_checks()
     resolver = default_resolver()
@@ -44,11 +48,12 @@ def test_prefill_in_traces_counts_large_prefills_and_marks_cycles_below_the_floo
 
 def test_cells_fit_their_width():
     tc = _trace_checks()
-    assert [tc.cell(v, 4, ".2f") for v in (1.234, None, 12.5, float("nan"))] == ["1.23", "   -", ">9.9", "   -"]
-    assert tc.cell(10.0, 5, ".3f") == ">9.99"
-    assert tc.cell(123.4, 4, ".1f") == ">9.9"
-    assert tc.cell(12345.0, 4, ".0f") == ">999"
-    assert tc.cell(56.8, 7, ".1f") == "   56.8"
+    tq = _trace_queue()
+    assert [tq.cell(v, 4, ".2f") for v in (1.234, None, 12.5, float("nan"))] == ["1.23", "   -", ">9.9", "   -"]
+    assert tq.cell(10.0, 5, ".3f") == ">9.99"
+    assert tq.cell(123.4, 4, ".1f") == ">9.9"
+    assert tq.cell(12345.0, 4, ".0f") == ">999"
+    assert tq.cell(56.8, 7, ".1f") == "   56.8"
     assert tc.window_ratio(np.array([0.0, 0.1, 0.2]), np.array([0, 5, 10]), np.ones(3, bool), np.zeros(3), 0, 1) is None
 
 
@@ -127,14 +132,14 @@ def test_on_the_real_traces(shared_data, capsys):
 
 
 def test_stage_stats_over_a_window():
-    tc = _trace_checks()
-    steps = tc.StepSeries(
+    tq = _trace_queue()
+    steps = tq.StepSeries(
         start_s=np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0]),
         step_id=np.array([0.0, 10.0, 30.0, 40.0, 90.0, 100.0]),
         running=np.array([1.0, 10.0, 128.0, np.nan, 128.0, 50.0]),
         waiting=np.array([0.0, 0.0, 3.0, 0.0, 1.0, 0.0]),
     )
-    got = tc.stage_stats(steps, 1.0, 5.0, 128)  # samples 1-4: 3 s over 80 steps
+    got = tq.stage_stats(steps, 1.0, 5.0, 128)  # samples 1-4: 3 s over 80 steps
     assert got["cycle_ms"] == pytest.approx(3000 / 80)
     assert got["running"] == pytest.approx(266 / 3) and got["sd"] == pytest.approx(np.std([10, 128, 128]))
     assert got["full"] == pytest.approx(2 / 3)  # the unknown depth is left out
@@ -142,37 +147,37 @@ def test_stage_stats_over_a_window():
     assert got["queued"] == pytest.approx(2.0)  # 3 and 1 wait on the two steps (of 1-4) where some do
     assert np.isnan(got["dispersion"])  # no prefill counts in this series
     # a draw with nobody waiting has no queue depth: the mean is over the draws that do
-    assert tc.mean_stats([{"queued": 2.0}, {"queued": np.nan}, None])["queued"] == 2.0
-    assert np.isnan(tc.mean_stats([{"queued": np.nan}])["queued"])
-    assert tc.stage_stats(steps, 4.0, 9.0, 128) is None  # under 3 samples
-    no_queue = tc.StepSeries(steps.start_s, steps.step_id, None, None)
-    line = tc.queue_row("  2  20 req/s", "real", tc.stage_stats(no_queue, 0.0, 9.0, 128), 57.0)
+    assert tq.mean_stats([{"queued": 2.0}, {"queued": np.nan}, None])["queued"] == 2.0
+    assert np.isnan(tq.mean_stats([{"queued": np.nan}])["queued"])
+    assert tq.stage_stats(steps, 4.0, 9.0, 128) is None  # under 3 samples
+    no_queue = tq.StepSeries(steps.start_s, steps.step_id, None, None)
+    line = tq.queue_row("  2  20 req/s", "real", tq.stage_stats(no_queue, 0.0, 9.0, 128), 57.0)
     assert line.split() == ["2", "20", "req/s", "real", "50.00", "-", "-", "-%", "-%", "57.0"]
-    assert tc.queue_row("", "model", None, 1.0).split() == ["model", "no", "steps", "in", "this", "window"]
-    assert max(len(line), len(tc.queue_row("x" * 20, "x1.000", got, 1e4, "10/10"))) <= 80
+    assert tq.queue_row("", "model", None, 1.0).split() == ["model", "no", "steps", "in", "this", "window"]
+    assert max(len(line), len(tq.queue_row("x" * 20, "x1.000", got, 1e4, "10/10"))) <= 80
 
 
 def test_dispersion_of_the_prefills_on_the_steps_with_nobody_waiting():
-    tc = _trace_checks()
+    tq = _trace_queue()
     rng = np.random.default_rng(0)
     poisson = rng.poisson(0.8, 40_000).astype(float)
-    assert tc.dispersion(poisson, None) == pytest.approx(1.0, abs=0.03)
+    assert tq.dispersion(poisson, None) == pytest.approx(1.0, abs=0.03)
     # a step with requests waiting admits by free slots, not by arrivals: left out
     waiting = np.zeros(len(poisson))
     waiting[::2] = 3
     burst = poisson.copy()
     burst[::2] = 50.0
-    assert tc.dispersion(burst, waiting) == pytest.approx(tc.dispersion(poisson[1::2], None))
+    assert tq.dispersion(burst, waiting) == pytest.approx(tq.dispersion(poisson[1::2], None))
     clumped = np.repeat(rng.poisson(0.4, 20_000) * 2.0, 2)  # arrivals in pairs: twice the variance
-    assert tc.dispersion(clumped, None) == pytest.approx(2.0, abs=0.1)
-    assert np.isnan(tc.dispersion(np.array([1.0, 2.0]), None))  # under 3 steps
-    assert np.isnan(tc.dispersion(np.zeros(10), None))  # no prefill
-    assert tc.dispersion(np.array([1.0, np.nan, 1.0, 1.0]), None) == 0.0  # unknown counts left out
+    assert tq.dispersion(clumped, None) == pytest.approx(2.0, abs=0.1)
+    assert np.isnan(tq.dispersion(np.array([1.0, 2.0]), None))  # under 3 steps
+    assert np.isnan(tq.dispersion(np.zeros(10), None))  # no prefill
+    assert tq.dispersion(np.array([1.0, np.nan, 1.0, 1.0]), None) == 0.0  # unknown counts left out
 
 
 def test_the_tracer_counts_a_new_request_in_its_step_and_the_next():
-    tc = _trace_checks()
-    got = tc.tracer_prefills(np.array([2, 2, 4, -1, 5]), 6)  # -1: never admitted; 5: the last step
+    tq = _trace_queue()
+    got = tq.tracer_prefills(np.array([2, 2, 4, -1, 5]), 6)  # -1: never admitted; 5: the last step
     assert got.tolist() == [0.0, 0.0, 2.0, 2.0, 1.0, 2.0]
 
 
@@ -194,7 +199,7 @@ def test_the_loader_keeps_the_queue_depths_where_a_trace_has_them(tmp_path):
 
 
 def test_slot_release_counts_the_pairs_whose_held_slots_finish_next():
-    tc = _trace_checks()
+    tq = _trace_queue()
     g = pd.DataFrame(
         {
             "step_id": [1, 2, 3, 5, 6, 7],  # pairs: (1, 2), (2, 3), (5, 6), (6, 7)
@@ -204,21 +209,21 @@ def test_slot_release_counts_the_pairs_whose_held_slots_finish_next():
             "num_finished": [0, 0, 2, 0, 1, 0],  # (2, 3) and (1, 2) match; (5, 6) does not
         }
     )
-    assert tc.slot_release(g) == (3, 4, 2)  # (1, 2) and (6, 7): none held, none finished
-    assert tc.slot_release(g.drop(columns="num_finished")) is None
+    assert tq.slot_release(g) == (3, 4, 2)  # (1, 2) and (6, 7): none held, none finished
+    assert tq.slot_release(g.drop(columns="num_finished")) is None
 
 
 def test_first_step_present_sets_the_first_sampled_step_against_the_draws():
-    tc = _trace_checks()
+    tq = _trace_queue()
     g = pd.DataFrame({"step_id": [7, 5, 9], "running_depth": [4, 10, 12], "waiting_depth": [0, 1, 0]})
-    runs = [tc.SimulatedRun([], np.array([0, 1, 1, 2, 2, 3, 3.0])), tc.SimulatedRun([], np.arange(10.0))]
-    assert tc.first_step_present(g, runs) == "  requests present at step 5, the first sampled: 11; simulated 3-5"
-    assert tc.first_step_present(g.drop(columns="waiting_depth"), runs) is None
-    assert tc.first_step_present(g, [tc.SimulatedRun([], np.zeros(3))]) is None  # no draw ran that long
+    runs = [tq.SimulatedRun([], np.array([0, 1, 1, 2, 2, 3, 3.0])), tq.SimulatedRun([], np.arange(10.0))]
+    assert tq.first_step_present(g, runs) == "  requests present at step 5, the first sampled: 11; simulated 3-5"
+    assert tq.first_step_present(g.drop(columns="waiting_depth"), runs) is None
+    assert tq.first_step_present(g, [tq.SimulatedRun([], np.zeros(3))]) is None  # no draw ran that long
 
 
 def test_a_trace_s_stages_start_after_its_idle_gaps():
-    tc = _trace_checks()
+    tq = _trace_queue()
     # one step in ten sampled; 20 ms steps for 600 s, the engine idles 1.5 s, then 60 ms
     # steps: a stretch of slower steps is no idle time. A 0.8 s stall at 300 s comes before
     # the first stage has run its 600 s, so it is no stage boundary either.
@@ -226,19 +231,19 @@ def test_a_trace_s_stages_start_after_its_idle_gaps():
     start_s = np.r_[0.0, np.cumsum(cycle_s)[:-1]]
     start_s[15_000:] += 0.8
     start_s[30_000:] += 1.5
-    steps = tc.StepSeries(start_s[::10], np.arange(0, 40_000, 10, dtype=float), None, None)
-    assert tc.trace_stage_starts_s(steps, [600.0, 600.0]) == pytest.approx([0.0, 602.3])
-    assert tc.trace_stage_starts_s(steps, [600.0]) == [0.0]
-    assert tc.trace_stage_starts_s(steps, [600.0, 600.0, 600.0]) is None  # no third stage in it
-    stalls_only = tc.StepSeries(np.arange(0, 800.0, 0.2), np.arange(0, 40_000.0, 10), None, None)
-    assert tc.trace_stage_starts_s(stalls_only, [600.0, 600.0]) is None
+    steps = tq.StepSeries(start_s[::10], np.arange(0, 40_000, 10, dtype=float), None, None)
+    assert tq.trace_stage_starts_s(steps, [600.0, 600.0]) == pytest.approx([0.0, 602.3])
+    assert tq.trace_stage_starts_s(steps, [600.0]) == [0.0]
+    assert tq.trace_stage_starts_s(steps, [600.0, 600.0, 600.0]) is None  # no third stage in it
+    stalls_only = tq.StepSeries(np.arange(0, 800.0, 0.2), np.arange(0, 40_000.0, 10), None, None)
+    assert tq.trace_stage_starts_s(stalls_only, [600.0, 600.0]) is None
 
 
 def test_queue_by_stage_skips_traces_without_an_experiment_folder():
-    tc = _trace_checks()
+    tq = _trace_queue()
     data = SimpleNamespace(steps=pd.DataFrame({"experiment": ["20260101-000000-tiny-tp1-general"]}))
     entry = SimpleNamespace(id="model", expression="1000", overheads={}, run_config={})
-    lines = tc.queue_by_stage(data, {}, default_resolver(), entry, 1, None)
+    lines = tq.queue_by_stage(data, {}, default_resolver(), entry, 1, None)
     assert lines[-1].startswith("tiny tp1 general") and lines[-1].endswith("skipped")
 
 
@@ -248,7 +253,7 @@ def test_queue_by_stage_on_a_real_trace(shared_data):
     cheap on purpose, so that the scaling has work to do."""
     from primitives.data.experiments import find_experiments
 
-    tc = _trace_checks()
+    tq = _trace_queue()
     name = "20260218-150304-codellama-34b-tp2-general"
     raw = pd.read_parquet(shared_data / "steps" / "step_traces.parquet")
     raw = raw[raw["experiment_id"] == name].sort_values("step.id")
@@ -258,7 +263,7 @@ def test_queue_by_stage_on_a_real_trace(shared_data):
     entry = SimpleNamespace(
         id="model", expression="1.1*gemm_time_us + 1.1*kv_io_time_us + 1500*tp", overheads={}, run_config={}
     )
-    lines = tc.queue_by_stage(data, {name: spec}, default_resolver(), entry, 1, None)
+    lines = tq.queue_by_stage(data, {name: spec}, default_resolver(), entry, 1, None)
     assert lines[4] == "codellama-34b tp2 general" and max(len(line) for line in lines) <= 80
     # every finished request's slot is held for the next step, as the simulator holds it
     held = raw["queue.running_depth"] - raw["batch.num_prefill_reqs"] - raw["batch.num_decode_reqs"]
@@ -274,7 +279,7 @@ def test_queue_by_stage_on_a_real_trace(shared_data):
     assert lines[10].startswith("  2  20 req/s") and (real[0], model[0]) == ("real", "model")
     # the real row against the trace itself, from the first draw's window of the stage
     dep = default_resolver().resolve_experiment(spec)
-    (stage,) = tc.simulate_stages(spec, dep, entry.expression, {}, 0, None).stages[1:]
+    (stage,) = tq.simulate_stages(spec, dep, entry.expression, {}, 0, None).stages[1:]
     t_s = (raw["step.ts_start_ns"] - raw["step.ts_start_ns"].min()).to_numpy() / 1e9
     w = raw[(t_s >= stage.window_s[0]) & (t_s < stage.window_s[1])]
     span_ms = (w["step.ts_start_ns"].iloc[-1] - w["step.ts_start_ns"].iloc[0]) / 1e6
@@ -286,14 +291,14 @@ def test_queue_by_stage_on_a_real_trace(shared_data):
     assert float(model[6]) == pytest.approx(stage.ttft_ms, abs=0.06) and model[5] != "-%"
     assert float(model[1]) < 0.95 * float(real[1])  # the model is cheap ...
     assert scaled[0].startswith("x") and float(scaled[0][1:]) > 1.05  # ... so it is scaled up
-    assert float(scaled[1]) == pytest.approx(float(real[1]), rel=tc.SCALE_MATCH)
+    assert float(scaled[1]) == pytest.approx(float(real[1]), rel=tq.SCALE_MATCH)
     # the arrivals table: the trace's prefills per step on the stage's steps with nobody waiting
     bursts = lines[lines.index("") + 1 :]
     assert bursts[4] == "codellama-34b tp2 general" and bursts[6].startswith("  2  20 req/s")
     real_d, model_d, real_q, model_q = bursts[6][21:].split()
     real_d, model_d = float(real_d), float(model_d)
-    starts = tc.trace_stage_starts_s(tc.trace_series(data.steps), [d for _, d in spec.stages])
-    w = raw[(t_s >= starts[1] + tc.QUEUE_SKIP_S) & (t_s < starts[1] + spec.stages[1][1])]
+    starts = tq.trace_stage_starts_s(tq.trace_series(data.steps), [d for _, d in spec.stages])
+    w = raw[(t_s >= starts[1] + tq.QUEUE_SKIP_S) & (t_s < starts[1] + spec.stages[1][1])]
     free = w.loc[w["queue.waiting_depth"] == 0, "batch.num_prefill_reqs"].to_numpy(dtype=float)
     assert real_d == pytest.approx(free.var() / free.mean(), abs=6e-4)
     # the model's: its simulation's admissions, each counted in its step and the next
@@ -313,4 +318,4 @@ def test_queue_by_stage_on_a_real_trace(shared_data):
     assert 0.9 < model_d < 1.1  # the simulated arrivals are Poisson
     queued = w.loc[w["queue.waiting_depth"] > 0, "queue.waiting_depth"]
     assert real_q == (f"{queued.mean():.2f}" if len(queued) else "-")
-    assert model_q == tc.cell(stage.stats["queued"], 7, ".2f").strip()
+    assert model_q == tq.cell(stage.stats["queued"], 7, ".2f").strip()
