@@ -185,8 +185,10 @@ class ArchiveStore:
                 conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 yield conn
         except sqlite3.DatabaseError as exc:
-            if write:
-                raise
+            if write or isinstance(exc, (sqlite3.ProgrammingError, sqlite3.InterfaceError)):
+                raise  # a write's failure is handled by its caller; a malformed query is a bug
+            if "locked" in str(exc).lower():
+                raise InputError(self.path, None, f"the archive is busy: another process holds it ({exc})") from None
             raise self._damaged(None, exc) from None
 
     def _damaged(self, what: str | None, exc: Exception) -> InputError:

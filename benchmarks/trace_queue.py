@@ -11,7 +11,7 @@ last row tells the simulator's queueing apart from the model's step price: near
 ``max_num_seqs`` a few percent of step time move the queue, and the TTFT with it, by tens of
 percent.
 
-Each traced experiment's first line checks how the real server frees a finished request's
+The first line under each traced experiment's name checks how the real server frees a finished request's
 slot (the simulator holds it for exactly the next step): on how many pairs of consecutive
 sampled steps the slots held outside a step's batch are as many as the requests the tracer
 reports finished at the next (and how many pairs have either above 0: the others test
@@ -221,7 +221,9 @@ def first_step_present(trace, runs: list[SimulatedRun]) -> str | None:
     and at the same step id in each draw: the load sends from its first request on at the
     stage's rate whatever the server does, so more requests there than in the draws means
     the real server's first steps took longer than the model's (a server warming up).
-    None where the trace has no queue depths."""
+    The tracer's step ids and the simulator's step indices are both taken to count from 0
+    (counting from 1 would only lower the draws' range). None where the trace has no
+    queue depths."""
     if not {"running_depth", "waiting_depth"} <= set(trace.columns) or not len(trace):
         return None
     first = trace.loc[trace["step_id"].idxmin()]

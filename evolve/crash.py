@@ -92,15 +92,16 @@ def kill_workers() -> None:
 
 def interrupt_behind(exc: BaseException) -> BaseException | None:
     """EXC itself if it is an interrupt (Ctrl-C, SIGTERM, the time limit: a KeyboardInterrupt,
-    or SystemExit), or the interrupt it was raised from: a signal handled just as compiled
-    (numba) code returns surfaces as a SystemError ("returned a result with an exception
-    set") chained to the interrupt. None for any other failure."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
+    or SystemExit), or the interrupt behind a SystemError: a signal handled just as compiled
+    (numba) code returns surfaces as one ("returned a result with an exception set"),
+    chained to the interrupt. None for any other failure, also one raised while an
+    interrupt was being handled (a full disk while checkpointing stays a full disk)."""
+    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return exc
+    if isinstance(exc, SystemError):
+        behind = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+        if isinstance(behind, (KeyboardInterrupt, SystemExit)):
+            return behind
     return None
 
 

@@ -34,7 +34,6 @@ from typing import Callable
 
 import numpy as np
 
-from archive.rundir import RunDir
 from evolve.baseline import blackbox_baseline
 from evolve.calibration import record_rows, scored_experiments
 from evolve.config import REFIT_ROUNDS
@@ -57,11 +56,8 @@ from primitives.language import parse_infix, scaled_expression
 
 
 def _plot_path(entry, suffix: str, plot_dir: Path | None = None) -> Path:
-    """PLOT_DIR if given, else the run's plots folder when the entry's run directory is here,
-    else the current directory."""
-    run_dir = (entry.run_config or {}).get("run_dir")
-    base = RunDir(Path(run_dir)).plots if run_dir and Path(run_dir).is_dir() else Path.cwd()
-    return Path(plot_dir or base) / f"validate-{entry.id}{suffix}.png"
+    """In PLOT_DIR (the command line picks the run's plots folder), else the current directory."""
+    return Path(plot_dir or Path.cwd()) / f"validate-{entry.id}{suffix}.png"
 
 
 def measured_step_scatter(steps_dir, resolver: DeploymentResolver) -> StepScatter:
@@ -374,9 +370,7 @@ def transfer_errors(
     for mode in TRANSFER_MODES:
         try:
             kind, folds = transfer_folds(mode, scored, resolver)
-        except InputError:  # no experiment with stages at different rates
-            continue
-        if mode != "stage-transfer" and len(folds) < 2:
+        except InputError:  # one model or workload only, or no experiment with stages at different rates
             continue
         try:
             items, _ = transfer_items(

@@ -27,7 +27,7 @@ MAX_REQUESTS = 1_000_000  # simulated requests of one experiment (rate x duratio
 # tokens one simulation streams (requests x output_len): its per-token log must fit in memory; real: <= 7e6
 MAX_SIMULATED_TOKENS = 100_000_000
 MAX_MODEL_DIM = 10_000_000  # hidden sizes, layer and head counts, vocabularies
-MAX_INTEGER = 2**1000  # beyond what a float64 holds (about 1.8e308), a JSON or YAML integer is an error
+MAX_INTEGER = 2**1000  # about 1e301: no real quantity; a larger integer is refused before a float conversion overflows
 
 
 def number(

@@ -12,6 +12,7 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Hashable
 from pathlib import Path
 
 import yaml
@@ -131,7 +132,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
             keys = [self.construct_object(k, deep=deep) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"]
-            _unique_pairs([(k, None) for k in keys])
+            # an unhashable key (a list) is left to PyYAML, which refuses it as invalid YAML
+            _unique_pairs([(k, None) for k in keys if isinstance(k, Hashable)])
         return super().construct_mapping(node, deep=deep)
 
 
@@ -151,6 +153,8 @@ def parse_mapping(text: str, path: str | os.PathLike, kind: str) -> dict:
         raise InputError(path, str(exc.args[0]), "given twice; expected each key once") from None
     except RecursionError:
         raise InputError(path, None, "nested too deeply to read") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise InputError(path, None, f"not valid {kind.upper()} ({str(exc).splitlines()[0][:120]})") from None
     if not isinstance(data, dict):
         what = "a JSON object" if kind == "json" else "a mapping at the top level"
         raise InputError(path, None, f"expected {what}, got {type(data).__name__}")

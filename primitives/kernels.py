@@ -152,7 +152,7 @@ def _table_key(path: Path, parts: int, tp: bool) -> tuple[int, ...]:
     if tp and len(fields) == parts and fields[-1].startswith("tp"):
         fields[-1] = fields[-1][2:]
     example = "64-8-128-tp4.csv (heads-kv_heads-head_dim-tpN)" if tp else "64-8-128.csv (heads-kv_heads-head_dim)"
-    if len(fields) != parts or not all(f.isdigit() and int(f) > 0 for f in fields):
+    if len(fields) != parts or not all(f.isascii() and f.isdigit() and int(f) > 0 for f in fields):
         raise InputError(path, None, f"expected a table name like {example}")
     return tuple(int(f) for f in fields)
 
@@ -171,9 +171,9 @@ def _decode_rows(path: Path) -> list[tuple[float, float, float, str]]:
     """(batch, context length, latency µs, KV dtype) of every row of a decode-attention table."""
     rows = []
     for row in _read_csv(path):
-        dtype = row.get("kv_dtype") or "bf16"
+        dtype = row.get("kv_dtype", "bf16")  # a table without the column holds bf16 KV
         if dtype not in DTYPE_BYTES:
-            raise InputError(path, "kv_dtype", f"one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+            raise InputError(path, "kv_dtype", f"expected one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
         rows.append(
             (_number(row, "batch_size", path), _number(row, "kv_len", path), _number(row, "latency_us", path), dtype)
         )
@@ -184,8 +184,8 @@ def _prefill_points(path: Path) -> np.ndarray:
     """(sequence length, latency µs) of a prefill-attention table, by length: at least two
     lengths (below the shortest, the first segment's slope continues)."""
     pts = np.array(sorted((_number(r, "seq_len", path), _number(r, "latency_us", path)) for r in _read_csv(path)))
-    if len(np.unique(pts[:, 0])) < 2:
-        raise InputError(path, "seq_len", "expected timings at two sequence lengths or more")
+    if len(pts) < 2 or len(np.unique(pts[:, 0])) < len(pts):
+        raise InputError(path, "seq_len", "expected timings at two sequence lengths or more, each length once")
     return pts
 
 
@@ -216,11 +216,11 @@ class MeasuredKernels:
         self.gemm = {s: np.array(sorted(v)).T for s, v in curves.items()}
         # every table is read and checked here, once: a bad one is an input error before any work
         self._decode_rows: dict[tuple[int, ...], list[tuple[float, float, float, str]]] = {}
-        for p in sorted((self.directory / "attention_decode").glob("*-*-*-tp*.csv")):
+        for p in sorted((self.directory / "attention_decode").glob("*.csv")):
             key = _table_key(p, 4, tp=True)
             self._decode_rows[key] = _decode_rows(p)
         self._prefill: dict[tuple[int, ...], np.ndarray] = {}
-        for p in sorted((self.directory / "attention_prefill").glob("*-*-*.csv")):
+        for p in sorted((self.directory / "attention_prefill").glob("*.csv")):
             self._prefill[_table_key(p, 3, tp=False)] = _prefill_points(p)
         self._kv_prices: dict[float, list[float]] = {}  # HBM bytes/µs -> marginal KV byte prices
         if not self._decode_rows or not self._prefill:

@@ -206,6 +206,7 @@ def _model_configs(work: Path, cfg: dict | str) -> Path:
         ("huge_integer", json.dumps(LLAMA_7B).replace("4096", "1" + "0" * 400, 1), ["hidden_size", "401 digits"]),
         ("duplicate_key", json.dumps(LLAMA_7B)[:-1] + ', "num_hidden_layers": 40}', ["num_hidden_layers", "twice"]),
         ("nested_too_deeply", "[" * 100_000 + "]" * 100_000, ["nested too deeply"]),
+        ("integer_too_long_to_read", json.dumps(LLAMA_7B).replace("4096", "1" * 5000, 1), ["not valid JSON"]),
     ],
 )
 def test_bad_model_config(case, cfg, needles, work, capsys):
@@ -409,6 +410,13 @@ def test_validate_experiment_with_a_load_the_simulator_does_not_reproduce(archiv
     _experiment(work / "exps", results_config=RESULTS_CONFIG.replace("type: constant", "type: poisson"))
     rc, _, err = call(["validate", entry_id, "--experiments", "exps", "--run-dir", run_dir], capsys)
     assert_one_line_error(rc, err, "config.yaml", "load.type", "expected constant", "'poisson'")
+
+
+def test_validate_experiment_with_a_list_as_a_key(archive, work, capsys):
+    run_dir, entry_id, _ = archive
+    _experiment(work / "exps", exp_config=EXP_CONFIG + "? [a, b]\n: 1\n")
+    rc, _, err = call(["validate", entry_id, "--experiments", "exps", "--run-dir", run_dir], capsys)
+    assert_one_line_error(rc, err, "exp-config.yaml", "not valid YAML")
 
 
 def test_validate_experiment_with_a_key_given_twice(archive, work, capsys):

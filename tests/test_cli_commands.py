@@ -145,6 +145,17 @@ def test_run_interrupted_is_one_line_130(project: Path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith("interrupted") and "--resume somewhere" in err
 
+    def interrupted_inside_compiled_code(config, ui, *_):
+        try:
+            raise KeyboardInterrupt("signal 2")
+        except KeyboardInterrupt as exc:  # as numba's dispatcher reports a signal handled on its return
+            raise SystemError("CPUDispatcher(<function f>) returned a result with an exception set") from exc
+
+    fake_module(monkeypatch, "evolve.run", run_search=interrupted_inside_compiled_code)
+    assert main(["run", "--generations", "2", "--run-dir", "elsewhere"]) == 130
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("interrupted"), err
+
 
 # -- score / validate / export-go ------------------------------------------------------
 def test_score_writes_json_and_table(project: Path, monkeypatch, capsys):

@@ -147,6 +147,17 @@ def _damage_zero_heads_prefill(k):
     p.rename(p.parent / ("0-" + p.name.split("-", 1)[1]))
 
 
+def _damage_repeated_prefill_length(k):
+    p = next((k / "attention_prefill").glob("*.csv"))
+    lines = p.read_text().splitlines()
+    p.write_text("\n".join([lines[0], lines[1], lines[1], *lines[2:]]) + "\n")
+
+
+def _damage_decode_name_without_tp(k):
+    p = next((k / "attention_decode").glob("*.csv"))
+    p.rename(p.parent / (p.stem.rsplit("-", 1)[0] + ".csv"))
+
+
 def _damage_one_row_prefill(k):
     p = next((k / "attention_prefill").glob("*.csv"))
     p.write_text("\n".join(p.read_text().splitlines()[:2]) + "\n")
@@ -162,6 +173,8 @@ def _damage_one_row_prefill(k):
         (_damage_stray_decode_name, "expected a table name like 64-8-128-tp4.csv"),
         (_damage_zero_heads_prefill, "expected a table name like 64-8-128.csv"),
         (_damage_one_row_prefill, "two sequence lengths"),
+        (_damage_repeated_prefill_length, "each length once"),
+        (_damage_decode_name_without_tp, "expected a table name like 64-8-128-tp4.csv"),
     ],
 )
 def test_a_damaged_kernels_folder_is_a_one_line_error_before_any_work(tmp_path, capsys, damage, what):

@@ -337,3 +337,36 @@ def test_an_interrupt_raised_inside_compiled_code_stops_the_run_as_ctrl_c_does(w
     assert rc == 130 and len(err.strip().splitlines()) == 1 and err.startswith("interrupted") and "--resume" in err, err
     assert status_of(work / "runs" / "t") == ["interrupted"]
     assert Search.peek_checkpoint(work / "runs" / "t" / "checkpoint.pkl").generation >= 1
+
+
+def test_a_genuine_system_error_is_a_failure_not_an_interrupt(work, monkeypatch, capsys):
+    import evolve.run
+
+    def broken(search, termination, callbacks):
+        raise SystemError("a C extension failed")
+
+    monkeypatch.setattr(evolve.run, "run_generations", broken)
+    rc, _, err = call(
+        ["run", "--generations", "5", "--population", "20", "--data", "good.csv", "--run-dir", "runs/t"], capsys
+    )
+    assert rc == 1 and "unexpected SystemError" in err and len(err.strip().splitlines()) == 1, err
+    assert status_of(work / "runs" / "t") == ["failed"]
+
+
+def test_a_full_disk_while_checkpointing_after_ctrl_c_stays_a_full_disk(work, monkeypatch, capsys):
+    import errno
+
+    import evolve.run
+
+    def interrupted(search, termination, callbacks):
+        raise KeyboardInterrupt("signal 2")
+
+    def no_room(self, search):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(evolve.run, "run_generations", interrupted)
+    monkeypatch.setattr(evolve.run.Checkpointer, "save", no_room)
+    rc, _, err = call(
+        ["run", "--generations", "5", "--population", "20", "--data", "good.csv", "--run-dir", "runs/t"], capsys
+    )
+    assert rc == 1 and err.startswith("error: disk full"), err

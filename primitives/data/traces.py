@@ -146,7 +146,8 @@ def _read_table(path: Path) -> pd.DataFrame:
     except Exception as exc:  # pyarrow/pandas parse errors carry long messages
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if len(first) > 120:  # cut at a sentence's end, not in the middle of one
-            first = first[: first.rfind(". ", 0, 120) + 1] if ". " in first[:120] else first[:117] + "..."
+            end = first.rfind(". ", 0, 120)
+            first = first[: end + 1] if end >= 40 else first[:117] + "..."
         raise InputError(path, None, f"not a readable {path.suffix[1:]} table ({first})") from None
     raise InputError(path, None, "unsupported file type; expected .parquet or .csv")
 
