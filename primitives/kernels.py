@@ -213,6 +213,10 @@ class MeasuredKernels:
         for row in _read_csv(gemm_path):
             shape = (_number(row, "k", gemm_path), _number(row, "n", gemm_path))
             curves.setdefault(shape, []).append((_number(row, "m", gemm_path), _number(row, "latency_us", gemm_path)))
+        for (k, n), points in curves.items():  # one latency per matmul shape: interpolation needs a function of m
+            ms = [m for m, _ in points]
+            if len(set(ms)) < len(ms):
+                raise InputError(gemm_path, "m", f"a shape timed twice (k={k:g}, n={n:g}); expected each m once")
         self.gemm = {s: np.array(sorted(v)).T for s, v in curves.items()}
         # every table is read and checked here, once: a bad one is an input error before any work
         self._decode_rows: dict[tuple[int, ...], list[tuple[float, float, float, str]]] = {}

@@ -323,6 +323,15 @@ def test_run_with_an_experiments_dir_holding_no_experiment(work, capsys):
     assert_one_line_error(rc, err, "exps", "exp-config.yaml")
 
 
+def test_an_experiment_folder_without_its_exp_config_is_named_not_skipped(archive, work, capsys):
+    run_dir, entry_id, _ = archive
+    _experiment(work / "exps")
+    broken = _experiment(work / "exps", name="20260101-000001-llama-2-7b-tp1-codegen")
+    (broken / "exp-config.yaml").unlink()
+    rc, _, err = call(["validate", entry_id, "--experiments", "exps", "--run-dir", run_dir], capsys)
+    assert_one_line_error(rc, err, "000001-llama-2-7b-tp1-codegen/exp-config.yaml", "file not found", "beside")
+
+
 def test_run_with_experiments_that_have_no_results(work, capsys):
     _experiment(work / "exps", summary=None, stages=0)  # a blind run: nothing to fit against
     rc, _, err = call(run_args("good.csv", "--experiments", "exps"), capsys)

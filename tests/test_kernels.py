@@ -158,6 +158,11 @@ def _damage_decode_name_without_tp(k):
     p.rename(p.parent / (p.stem.rsplit("-", 1)[0] + ".csv"))
 
 
+def _damage_gemm_shape_twice(k):
+    lines = (k / "gemm.csv").read_text().splitlines()
+    (k / "gemm.csv").write_text("\n".join([*lines, lines[1]]) + "\n")
+
+
 def _damage_one_row_prefill(k):
     p = next((k / "attention_prefill").glob("*.csv"))
     p.write_text("\n".join(p.read_text().splitlines()[:2]) + "\n")
@@ -173,6 +178,7 @@ def _damage_one_row_prefill(k):
         (_damage_stray_decode_name, "expected a table name like 64-8-128-tp4.csv"),
         (_damage_zero_heads_prefill, "expected a table name like 64-8-128.csv"),
         (_damage_one_row_prefill, "two sequence lengths"),
+        (_damage_gemm_shape_twice, "a shape timed twice"),
         (_damage_repeated_prefill_length, "each length once"),
         (_damage_decode_name_without_tp, "expected a table name like 64-8-128-tp4.csv"),
     ],

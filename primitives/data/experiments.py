@@ -401,6 +401,11 @@ def find_experiments(root: str | Path) -> list[ExperimentSpec]:
     if (root / EXP_CONFIG).exists():
         return [load_experiment(root)]
     dirs = sorted((d for d in root.iterdir() if d.is_dir() and (d / EXP_CONFIG).exists()), key=lambda d: d.name)
+    # a folder with an experiment's other files but no exp-config.yaml is a broken copy, not
+    # an unrelated folder: skipping it would drop the experiment without a word
+    for d in sorted(root.iterdir()):
+        if d.is_dir() and not (d / EXP_CONFIG).exists() and ((d / PROFILE).exists() or (d / "results").is_dir()):
+            raise InputError(d / EXP_CONFIG, None, "file not found, beside the experiment's other files; expected both")
     if not dirs:
         raise InputError(root, EXP_CONFIG, "no experiment directory (holding exp-config.yaml) below this directory")
     return [load_experiment(d) for d in dirs]
