@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
+import textwrap
 import time
 from typing import IO, Iterable
 
@@ -157,7 +158,9 @@ class RunUI:
                 errs = " ".join(f"{k}={fmt_fraction(e.objectives[k])}" for k, _ in ERROR_COLUMNS if k in e.objectives)
                 self._plain(f"{'*' if e.id == rec else ' '} {e.id} cx={e.complexity} {errs} {e.expression}")
             for k, v in summary.items():
-                self._plain(f"{k}: {fmt_number(v) if not isinstance(v, (dict, list)) else v}")
+                text = f"{k}: {fmt_number(v) if not isinstance(v, (dict, list)) else v}"
+                # a list or mapping wraps at 80 columns; a path or an expression stays whole
+                self._plain(textwrap.fill(text, 80, subsequent_indent="  ") if isinstance(v, (dict, list)) else text)
             return
         print_entries(self.console, entries, _recommended_id(entries), title="Pareto front")
         self.console.print(mapping_table(dict(summary), title=f"Run summary ({fmt_duration(elapsed)})"))

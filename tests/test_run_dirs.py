@@ -370,3 +370,12 @@ def test_a_full_disk_while_checkpointing_after_ctrl_c_stays_a_full_disk(work, mo
         ["run", "--generations", "5", "--population", "20", "--data", "good.csv", "--run-dir", "runs/t"], capsys
     )
     assert rc == 1 and err.startswith("error: disk full"), err
+
+
+def test_the_plain_summary_wraps_its_lists_at_80_columns(work, capsys):
+    rc, out, err = call(["run", *TINY, "--run-dir", "runs/w"], capsys)
+    assert rc == 0, err
+    lines = (out + err).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("primitives: ["))
+    wrapped = [lines[start]] + [line for line in lines[start + 1 :] if line.startswith("  '")]
+    assert len(wrapped) > 1 and all(len(line) <= 80 for line in wrapped), wrapped
