@@ -53,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import checks
 from .errors import InputError
 from .files import read_text
 from .lookup import lookup1, lookup1_array, lookup2, lookup2_array
@@ -167,6 +168,11 @@ def _number(row: dict, key: str, path: Path) -> float:
     return value
 
 
+def _count(row: dict, key: str, path: Path, upper: float) -> float:
+    """A whole number of tokens, requests or matrix elements (a table's shape), at most UPPER."""
+    return float(checks.number(row.get(key), path, key, integer=True, upper=upper, text_ok=True))
+
+
 def _decode_rows(path: Path) -> list[tuple[float, float, float, str]]:
     """(batch, context length, latency µs, KV dtype) of every row of a decode-attention table."""
     rows = []
@@ -175,7 +181,12 @@ def _decode_rows(path: Path) -> list[tuple[float, float, float, str]]:
         if dtype not in DTYPE_BYTES:
             raise InputError(path, "kv_dtype", f"expected one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
         rows.append(
-            (_number(row, "batch_size", path), _number(row, "kv_len", path), _number(row, "latency_us", path), dtype)
+            (
+                _count(row, "batch_size", path, checks.MAX_REQUESTS),
+                _count(row, "kv_len", path, checks.MAX_TOKENS),
+                _number(row, "latency_us", path),
+                dtype,
+            )
         )
     return rows
 
@@ -183,7 +194,9 @@ def _decode_rows(path: Path) -> list[tuple[float, float, float, str]]:
 def _prefill_points(path: Path) -> np.ndarray:
     """(sequence length, latency µs) of a prefill-attention table, by length: at least two
     lengths (below the shortest, the first segment's slope continues)."""
-    pts = np.array(sorted((_number(r, "seq_len", path), _number(r, "latency_us", path)) for r in _read_csv(path)))
+    pts = np.array(
+        sorted((_count(r, "seq_len", path, checks.MAX_TOKENS), _number(r, "latency_us", path)) for r in _read_csv(path))
+    )
     if len(pts) < 2 or len(np.unique(pts[:, 0])) < len(pts):
         raise InputError(path, "seq_len", "expected timings at two sequence lengths or more, each length once")
     return pts
@@ -211,8 +224,12 @@ class MeasuredKernels:
             raise InputError(self.directory, "gemm.csv", "expected a kernels folder with gemm.csv")
         curves: dict[tuple[float, float], list[tuple[float, float]]] = {}
         for row in _read_csv(gemm_path):
-            shape = (_number(row, "k", gemm_path), _number(row, "n", gemm_path))
-            curves.setdefault(shape, []).append((_number(row, "m", gemm_path), _number(row, "latency_us", gemm_path)))
+            shape = (
+                _count(row, "k", gemm_path, checks.MAX_MODEL_DIM),
+                _count(row, "n", gemm_path, checks.MAX_MODEL_DIM),
+            )
+            m = _count(row, "m", gemm_path, checks.MAX_STEP_TOKENS)
+            curves.setdefault(shape, []).append((m, _number(row, "latency_us", gemm_path)))
         for (k, n), points in curves.items():  # one latency per matmul shape: interpolation needs a function of m
             ms = [m for m, _ in points]
             if len(set(ms)) < len(ms):

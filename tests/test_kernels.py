@@ -163,6 +163,18 @@ def _damage_gemm_shape_twice(k):
     (k / "gemm.csv").write_text("\n".join([*lines, lines[1]]) + "\n")
 
 
+def _damage_fractional_gemm_m(k):
+    lines = (k / "gemm.csv").read_text().splitlines()
+    first = lines[1].split(",")
+    (k / "gemm.csv").write_text("\n".join([lines[0], ",".join(["8.5", *first[1:]]), *lines[2:]]) + "\n")
+
+
+def _damage_huge_gemm_m(k):
+    lines = (k / "gemm.csv").read_text().splitlines()
+    first = lines[1].split(",")
+    (k / "gemm.csv").write_text("\n".join([lines[0], ",".join(["1e30", *first[1:]]), *lines[2:]]) + "\n")
+
+
 def _damage_one_row_prefill(k):
     p = next((k / "attention_prefill").glob("*.csv"))
     p.write_text("\n".join(p.read_text().splitlines()[:2]) + "\n")
@@ -179,6 +191,8 @@ def _damage_one_row_prefill(k):
         (_damage_zero_heads_prefill, "expected a table name like 64-8-128.csv"),
         (_damage_one_row_prefill, "two sequence lengths"),
         (_damage_gemm_shape_twice, "a shape timed twice"),
+        (_damage_fractional_gemm_m, "gemm.csv: m: expected an integer, got 8.5"),
+        (_damage_huge_gemm_m, "gemm.csv: m: expected at most"),
         (_damage_repeated_prefill_length, "each length once"),
         (_damage_decode_name_without_tp, "expected a table name like 64-8-128-tp4.csv"),
     ],
