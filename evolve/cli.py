@@ -380,7 +380,10 @@ def cmd_export_go(args: argparse.Namespace) -> int:
         run_dir = Path(store.path).parent
     resolver = _resolver(args)
     deployment, how = choose_deployment(entry, run_dir, resolver, args.model, args.tp, args.gpu)
-    print(f"deployment: {deployment.model.name} TP{deployment.tp} on {deployment.gpu.name} ({how})")
+    import textwrap
+
+    chosen = f"deployment: {deployment.model.name} TP{deployment.tp} on {deployment.gpu.name} ({how})"
+    print(textwrap.fill(chosen, 80, subsequent_indent="  "))  # the other deployments' list can be long
     if args.blis is not None:
         from translate_go.blis_export import export_blis
 
