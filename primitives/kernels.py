@@ -158,19 +158,11 @@ def _table_key(path: Path, parts: int, tp: bool) -> tuple[int, ...]:
     return tuple(int(f) for f in fields)
 
 
-def _number(row: dict, key: str, path: Path) -> float:
-    try:
-        value = float(row[key])
-    except (KeyError, TypeError, ValueError):
-        raise InputError(path, key, f"expected a number, got {row.get(key)!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise InputError(path, key, f"expected a positive finite number, got {value!r}")
-    return value
-
-
-def _count(row: dict, key: str, path: Path, upper: float) -> float:
-    """A whole number of tokens, requests or matrix elements (a table's shape), at most UPPER."""
-    return float(checks.number(row.get(key), path, key, integer=True, upper=upper, text_ok=True))
+def _field(row: dict, key: str, path: Path, count_upper: float | None = None) -> float:
+    """A positive finite number of a table's row (``primitives.checks``, as every input);
+    with COUNT_UPPER, a count (tokens, requests, matrix elements): whole, at most that."""
+    integer = count_upper is not None
+    return float(checks.number(row.get(key), path, key, integer=integer, upper=count_upper, text_ok=True))
 
 
 def _decode_rows(path: Path) -> list[tuple[float, float, float, str]]:
@@ -182,9 +174,9 @@ def _decode_rows(path: Path) -> list[tuple[float, float, float, str]]:
             raise InputError(path, "kv_dtype", f"expected one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
         rows.append(
             (
-                _count(row, "batch_size", path, checks.MAX_REQUESTS),
-                _count(row, "kv_len", path, checks.MAX_TOKENS),
-                _number(row, "latency_us", path),
+                _field(row, "batch_size", path, checks.MAX_REQUESTS),
+                _field(row, "kv_len", path, checks.MAX_TOKENS),
+                _field(row, "latency_us", path),
                 dtype,
             )
         )
@@ -195,7 +187,7 @@ def _prefill_points(path: Path) -> np.ndarray:
     """(sequence length, latency µs) of a prefill-attention table, by length: at least two
     lengths (below the shortest, the first segment's slope continues)."""
     pts = np.array(
-        sorted((_count(r, "seq_len", path, checks.MAX_TOKENS), _number(r, "latency_us", path)) for r in _read_csv(path))
+        sorted((_field(r, "seq_len", path, checks.MAX_TOKENS), _field(r, "latency_us", path)) for r in _read_csv(path))
     )
     if len(pts) < 2 or len(np.unique(pts[:, 0])) < len(pts):
         raise InputError(path, "seq_len", "expected timings at two sequence lengths or more, each length once")
@@ -225,11 +217,11 @@ class MeasuredKernels:
         curves: dict[tuple[float, float], list[tuple[float, float]]] = {}
         for row in _read_csv(gemm_path):
             shape = (
-                _count(row, "k", gemm_path, checks.MAX_MODEL_DIM),
-                _count(row, "n", gemm_path, checks.MAX_MODEL_DIM),
+                _field(row, "k", gemm_path, checks.MAX_MODEL_DIM),
+                _field(row, "n", gemm_path, checks.MAX_MODEL_DIM),
             )
-            m = _count(row, "m", gemm_path, checks.MAX_STEP_TOKENS)
-            curves.setdefault(shape, []).append((m, _number(row, "latency_us", gemm_path)))
+            m = _field(row, "m", gemm_path, checks.MAX_STEP_TOKENS)
+            curves.setdefault(shape, []).append((m, _field(row, "latency_us", gemm_path)))
         for (k, n), points in curves.items():  # one latency per matmul shape: interpolation needs a function of m
             ms = [m for m, _ in points]
             if len(set(ms)) < len(ms):

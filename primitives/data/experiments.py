@@ -400,11 +400,15 @@ def find_experiments(root: str | Path) -> list[ExperimentSpec]:
         raise InputError(root, None, "expected a directory of experiment directories")
     if (root / EXP_CONFIG).exists():
         return [load_experiment(root)]
-    dirs = sorted((d for d in root.iterdir() if d.is_dir() and (d / EXP_CONFIG).exists()), key=lambda d: d.name)
-    # a folder with an experiment's other files but no exp-config.yaml is a broken copy, not
-    # an unrelated folder: skipping it would drop the experiment without a word
-    for d in sorted(root.iterdir()):
-        if d.is_dir() and not (d / EXP_CONFIG).exists() and ((d / PROFILE).exists() or (d / "results").is_dir()):
+    dirs = []
+    for d in sorted(root.iterdir(), key=lambda d: d.name):
+        if not d.is_dir():
+            continue
+        if (d / EXP_CONFIG).exists():
+            dirs.append(d)
+        elif (d / PROFILE).exists() or (d / "results").is_dir():
+            # an experiment's other files without exp-config.yaml: a broken copy, not an
+            # unrelated folder; skipping it would drop the experiment without a word
             raise InputError(d / EXP_CONFIG, None, "file not found, beside the experiment's other files; expected both")
     if not dirs:
         raise InputError(root, EXP_CONFIG, "no experiment directory (holding exp-config.yaml) below this directory")
