@@ -1,4 +1,4 @@
-"""What the real step traces say about prefill, a fresh server and the queue: three checks.
+"""What the real step traces say about prefill, a fresh server, the queue and slow stretches: four checks.
 
 1. **Prefill in the traces.** Per experiment: the sampled steps, those that prefill at least
    ``LARGE_PREFILL_TOKENS`` tokens, and those of them with a cycle time (the next step
@@ -19,11 +19,24 @@
    experiment folder is in ``../shared/data/experiments``): the real run against the
    archived model simulated, the slot release, a fresh server's first step and the
    arrivals (``trace_queue.py``, which says how each figure is made).
+4. **Does a slow step stay slow?** Near ``max_num_seqs`` the queue follows the server's
+   capacity over seconds, so slowness that persists from step to step deepens it far more
+   than the same scatter step by step. Per pair of consecutive sampled steps
+   (``PERSIST_AFTER_S`` on, engine busy at both ends), the log of its mean cycle over the
+   median of the ``NEIGHBOURS`` pairs nearest to it in work (decode requests, prefill tokens,
+   KV tokens; their ends' mean) and at least ``PERSIST_APART_S`` away in time: no model
+   enters, and lasting slowness cannot hide in its own neighbours. The spread (robust:
+   1.4826 median absolute deviations) of the pairs one step apart, sd1; for pairs k steps
+   apart, their spread times sqrt(k) over sd1 (1: steps independent; above 1: slowness
+   persists; below 1: a slow step is followed by a fast one, as jitter in the start stamps
+   does); the rank correlation of a pair with the first pair that starts 0.2, 1 and 4 s
+   later (within half as much again, and sharing no step with it).
 
 Usage::
 
     python benchmarks/trace_checks.py [--shared DIR] [--data TRACES]
         [--run-dir D --id ID [--draws N] [--step-scatter TRACES]]
+    (checks 1 and 4 need no archived model)
 """
 
 from __future__ import annotations
@@ -45,7 +58,7 @@ from evolve.cli_parser import OneLineParser, load_draws_arg  # noqa: E402
 from evolve.validation import measured_step_scatter  # noqa: E402
 from fitness.dataset import build_step_table  # noqa: E402
 from fitness.kv_sharing import run_seed, trace_kv_sharing  # noqa: E402
-from fitness.step_scatter import run_scatter  # noqa: E402
+from fitness.step_scatter import NEIGHBOURS, neighbour_ratios, run_scatter  # noqa: E402
 from primitives.data.experiments import find_experiments  # noqa: E402
 from primitives.data.roots import shared_data_root  # noqa: E402
 from primitives.data.traces import load_steps  # noqa: E402
@@ -59,6 +72,13 @@ STEADY_WINDOW_S = 5.0
 WINDOW_S = 2.0
 WINDOW_STARTS_S = (0, 2, 4, 6, 8, 10, 12, 14)
 SPAN_S = 12.0  # the last columns: every step of the first SPAN_S seconds, and without the first window
+PERSIST_AFTER_S = 30.0  # check 4 leaves out the first seconds (a fresh server: check 2)
+PERSIST_STEPS = (2, 3, 5, 8, 13)  # pairs this many steps apart
+PERSIST_LAGS_S = (0.2, 1.0, 4.0)
+PERSIST_APART_S = 10.0  # a pair's reference: pairs of like work at least this far away in time
+PERSIST_IDLE = 3.0  # a pair whose mean cycle is this many times its reference had an idle engine between
+PERSIST_MIN_PAIRS = 20  # fewer pairs k steps apart give no figure
+MAD_TO_SD = 1.4826  # a normal body's sd per median absolute deviation
 
 
 def step_floor_us(deployment, tokens: np.ndarray) -> np.ndarray:
@@ -107,23 +127,35 @@ def window_ratio(start_s, step_id, busy, model_us, lo_s: float, hi_s: float) -> 
     return w[0] / w[1]
 
 
-def first_seconds(data, resolver, entry, kv_sharing) -> list[str]:
-    """Check 2: a line per experiment."""
+def model_on_traces(data, resolver, entry, kv_sharing):
+    """Per traced experiment: (name, its rows in time order, the archived model's step time
+    µs of each; every step's, as ``build_step_table(every_step=True)`` keeps them)."""
     expr = parse_infix(entry.expression)
     names = sorted(s.name for s in expr.free_symbols)
     table = build_step_table(data, resolver, names, 0.0, kv_sharing, every_step=True)
     model_us = evaluate_expr(expr, table.columns, table.n)
+    for e, name in enumerate(table.experiment_names):
+        g = data.steps.loc[data.steps["experiment"] == name]  # the table keeps the data's row order
+        yield name, g, model_us[table.experiment == e]
+
+
+def trace_clock(g):
+    """(start s from the trace's first step, step ids, engine busy) of one experiment's rows."""
+    start_us = g["ts_start_us"].to_numpy(dtype=np.float64)
+    busy = (g["num_decode_reqs"].to_numpy() + g["num_prefill_reqs"].to_numpy()) > 0
+    return (start_us - start_us.min()) / 1e6, g["step_id"].to_numpy(), busy
+
+
+def first_seconds(data, resolver, entry, kv_sharing) -> list[str]:
+    """Check 2: a line per experiment."""
     head = " ".join(f"{w:>4}" for w in WINDOW_STARTS_S)
     out = [
         f"measured / {entry.id}'s step time, over the same after {STEADY_AFTER_S:.0f} s",
         f"{'experiment':<26} {head} {f'0-{SPAN_S:.0f}':>5} {f'{WINDOW_S:.0f}-{SPAN_S:.0f}':>5}",
     ]
-    for e, name in enumerate(table.experiment_names):
-        g = data.steps.loc[data.steps["experiment"] == name]  # the table keeps the data's row order
-        start_us = g["ts_start_us"].to_numpy(dtype=np.float64)
-        start_s = (start_us - start_us.min()) / 1e6
-        busy = (g["num_decode_reqs"].to_numpy() + g["num_prefill_reqs"].to_numpy()) > 0
-        ratio = partial(window_ratio, start_s, g["step_id"].to_numpy(), busy, model_us[table.experiment == e])
+    for name, g, model_us in model_on_traces(data, resolver, entry, kv_sharing):
+        start_s, step_id, busy = trace_clock(g)
+        ratio = partial(window_ratio, start_s, step_id, busy, model_us)
         steady = [ratio(lo, lo + STEADY_WINDOW_S) for lo in np.arange(STEADY_AFTER_S, start_s.max(), STEADY_WINDOW_S)]
         steady = [r for r in steady if r is not None]
         if not steady:
@@ -135,6 +167,81 @@ def first_seconds(data, resolver, entry, kv_sharing) -> list[str]:
         spans = [ratio(lo, SPAN_S) for lo in (0.0, WINDOW_S)]
         tail = " ".join(cell(w / base if w is not None else None, 5, ".3f") for w in spans)
         out.append(f"{short(name):<26} {text} {tail}")
+    return out
+
+
+def pair_residuals(start_s, step_id, busy, work):
+    """Per pair of consecutive sampled steps kept by check 4: (steps apart, start s, log of
+    the mean cycle over its reference). The steps in time order (``load_steps`` sorts and
+    checks them); ``work``: (rows, 3) decode requests, prefill tokens and KV tokens of each;
+    a pair's is its ends' mean. Its reference: the median mean cycle of the ``NEIGHBOURS``
+    pairs nearest in work, ``PERSIST_APART_S`` or more away (none where under half qualify)."""
+    apart = np.diff(step_id)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cycle_us = np.diff(start_s) * 1e6 / apart
+    keep = (apart > 0) & busy[:-1] & busy[1:] & (start_s[:-1] >= PERSIST_AFTER_S) & (cycle_us > 0)
+    keep &= np.isfinite(cycle_us)
+    if keep.sum() <= NEIGHBOURS:
+        return apart[:0], start_s[:0], cycle_us[:0]
+    pair_work = ((work[:-1] + work[1:]) / 2)[keep]
+    ratio = neighbour_ratios(pair_work, cycle_us[keep], start_s[:-1][keep], PERSIST_APART_S)
+    ok = np.isfinite(ratio) & (ratio < PERSIST_IDLE)  # an idle engine between two samples: no cycle
+    return apart[keep][ok], start_s[:-1][keep][ok], np.log(ratio[ok])
+
+
+def robust_sd(values: np.ndarray) -> float:
+    """The spread of VALUES' body: MAD_TO_SD median absolute deviations (a few stalls do not move it)."""
+    return float(MAD_TO_SD * np.median(np.abs(values - np.median(values))))
+
+
+def persistence(apart, start_s, residual) -> dict | None:
+    """Check 4's figures of one experiment (``pair_residuals``), or None with too few pairs
+    one step apart: ``sd1`` (their spread), ``ratio[k]`` per ``PERSIST_STEPS`` and
+    ``corr[lag]`` per ``PERSIST_LAGS_S`` (None where too few pairs)."""
+    from scipy.stats import spearmanr  # ranks: a few stalls do not make a correlation
+
+    one = residual[apart == 1]
+    if len(one) < PERSIST_MIN_PAIRS or robust_sd(one) <= 0:
+        return None
+    sd1 = robust_sd(one)
+    ratio = {}
+    for k in PERSIST_STEPS:
+        r = residual[apart == k]
+        ratio[k] = robust_sd(r) * np.sqrt(k) / sd1 if len(r) >= PERSIST_MIN_PAIRS else None
+    corr = {}
+    index = np.arange(len(start_s))
+    for lag in PERSIST_LAGS_S:
+        later = np.searchsorted(start_s, start_s + lag)  # the first pair starting LAG s later
+        later = np.maximum(later, index + 2)  # pair i + 1 shares a step (and its stamp) with pair i
+        ok = later < len(start_s)
+        ok[ok] &= start_s[later[ok]] - start_s[ok] <= 1.5 * lag  # not across a long gap
+        enough = ok.sum() >= PERSIST_MIN_PAIRS
+        corr[lag] = float(spearmanr(residual[ok], residual[later[ok]])[0]) if enough else None
+    return {"sd1": sd1, "ratio": ratio, "corr": corr}
+
+
+def slow_stretches(steps) -> list[str]:
+    """Check 4: a line per experiment."""
+    head = " ".join(f"{f'k={k}':>5}" for k in PERSIST_STEPS)
+    lags = " ".join(f"{f'{lag:g}s':>5}" for lag in PERSIST_LAGS_S)
+    ks = ", ".join(str(k) for k in PERSIST_STEPS)
+    when = ", ".join(f"{lag:g}" for lag in PERSIST_LAGS_S)
+    out = [
+        "does a slow step stay slow? per pair of sampled steps k apart, log(cycle /",
+        f"like work >= {PERSIST_APART_S:g} s away). sd1: its spread at k = 1; k = {ks}: the",
+        "spread x sqrt(k) / sd1 (1: independent steps; above: slowness persists);",
+        f"{when} s: rank correlation with the pair that starts that much later",
+        f"{'experiment':<26} {'sd1':>5} {head} {lags}",
+    ]
+    for name, g in steps.groupby("experiment", sort=True):  # load_steps keeps each trace in time order
+        work = g[["num_decode_reqs", "prefill_tokens", "kv_tokens"]].to_numpy(dtype=np.float64)
+        p = persistence(*pair_residuals(*trace_clock(g), work))
+        if p is None:
+            out.append(f"{short(name):<26} under {PERSIST_MIN_PAIRS} pairs of consecutive steps")
+            continue
+        ratios = " ".join(cell(p["ratio"][k], 5, ".2f") for k in PERSIST_STEPS)
+        corrs = " ".join(cell(p["corr"][lag], 5, ".2f") for lag in PERSIST_LAGS_S)
+        out.append(f"{short(name):<26} {cell(p['sd1'], 5, '.3f')} {ratios} {corrs}")
     return out
 
 
@@ -159,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     steps_dir = args.data or args.shared / "data" / "steps"
     experiments = args.shared / "data" / "experiments"
-    try:  # every input is read and all three tables are made before anything is printed
+    try:  # every input is read and every table is made before anything is printed
         entry = None
         if args.run_dir is not None:
             archive = RunDir(args.run_dir).archive
@@ -175,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                 scatter = measured_step_scatter(args.step_scatter, resolver)
             except InputError as err:
                 raise InputError(err.path, err.field, f"{err.expected} (--step-scatter)") from None
-        tables = [prefill_in_traces(data.steps, resolver)]
+        tables = [prefill_in_traces(data.steps, resolver), slow_stretches(data.steps)]
         if entry is not None:
             seed = run_seed(entry.run_config)
             sharing = trace_kv_sharing(data, experiments, resolver, seed) if experiments.is_dir() else None

@@ -15,6 +15,7 @@ quantiles. A simulated step's time is the model's times a draw from them, seeded
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -95,17 +96,38 @@ def step_scales(scatter: StepScatter | None, seed: int) -> np.ndarray | None:
     return scatter.scales(seed) if scatter is not None else None
 
 
-def neighbour_ratios(features: np.ndarray, cycle_time_us: np.ndarray) -> np.ndarray:
-    """Each step's cycle time over the median of its NEIGHBOURS nearest steps' (itself excluded)."""
+def neighbour_ratios(
+    features: np.ndarray, cycle_time_us: np.ndarray, times_s: np.ndarray | None = None, apart_s: float = 0.0
+) -> np.ndarray:
+    """Each step's cycle time over the median of its NEIGHBOURS nearest steps' (itself excluded).
+
+    With ``times_s``, a step's neighbours are only steps at least ``apart_s`` away from it in
+    time (so that slowness that lasts does not hide in its own neighbours). The nearest
+    ``NEIGHBOURS * 8`` in features are searched; where fewer than half of ``NEIGHBOURS``
+    qualify, the ratio is NaN.
+    """
     from scipy.spatial import cKDTree  # only where a scatter is measured
 
     spread = features.std(axis=0)
     x = (features - features.mean(axis=0)) / np.where(spread > 0, spread, 1.0)
-    _, idx = cKDTree(x).query(x, k=NEIGHBOURS + 1)
-    # a step is its own nearest neighbour, except among identical batches, where it may come
-    # later or not at all: put the farthest one in its place, then keep the NEIGHBOURS nearest
-    idx = np.where(idx == np.arange(len(x))[:, None], idx[:, -1:], idx)[:, :NEIGHBOURS]
-    return cycle_time_us / np.median(cycle_time_us[idx], axis=1)
+    if times_s is None:
+        _, idx = cKDTree(x).query(x, k=NEIGHBOURS + 1)
+        # a step is its own nearest neighbour, except among identical batches, where it may come
+        # later or not at all: put the farthest one in its place, then keep the NEIGHBOURS nearest
+        idx = np.where(idx == np.arange(len(x))[:, None], idx[:, -1:], idx)[:, :NEIGHBOURS]
+        return cycle_time_us / np.median(cycle_time_us[idx], axis=1)
+    _, idx = cKDTree(x).query(x, k=min(NEIGHBOURS * 8, len(x)))
+    idx = np.atleast_2d(idx)
+    far = np.abs(times_s[idx] - times_s[:, None]) >= apart_s
+    far &= idx != np.arange(len(x))[:, None]  # never itself, even at apart_s 0
+    first = np.argsort(~far, axis=1, kind="stable")[:, :NEIGHBOURS]  # the nearest that qualify, in order
+    chosen = np.take_along_axis(idx, first, axis=1)
+    ok = np.take_along_axis(far, first, axis=1)
+    with warnings.catch_warnings():  # a row without any: NaN (below)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        reference = np.nanmedian(np.where(ok, cycle_time_us[chosen], np.nan), axis=1)
+    reference[ok.sum(axis=1) < NEIGHBOURS // 2] = np.nan  # too few to price it
+    return cycle_time_us / reference  # NaN where fewer than half the neighbours qualify
 
 
 def measure_scatter(table: StepTable, source: str) -> StepScatter:

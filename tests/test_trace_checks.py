@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import load_benchmark, small_trace
+from scipy.signal import lfilter
 
 from primitives.data.traces import load_steps
 from primitives.deployment import default_resolver
@@ -99,6 +100,96 @@ def test_first_seconds_finds_a_warm_up_against_the_model(tmp_path):
     assert max(len(line) for line in lines) <= 80
 
 
+def _sampled_run(log_scale, seed=0):
+    """A 20 ms-step run whose step k takes exp(LOG_SCALE[k]) times that, sampled at 10%:
+    check 4's inputs (start s, ids, busy, work) of the sampled steps, all of like work."""
+    start_s = np.concatenate([[0.0], np.cumsum(0.02 * np.exp(log_scale))[:-1]])
+    k = np.flatnonzero(np.random.default_rng(seed).random(len(log_scale)) < 0.1)
+    work = np.column_stack([np.full(len(k), 50.0), np.zeros(len(k)), np.full(len(k), 30_000.0)])
+    return start_s[k], k, np.ones(len(k), dtype=bool), work
+
+
+def _ar1(n, sd, steps, rng):
+    """A stationary AR(1) series of sd SD whose correlation falls by 1/e every STEPS steps."""
+    a = np.exp(-1 / steps)
+    return lfilter([sd * np.sqrt(1 - a * a)], [1, -a], rng.normal(size=n))
+
+
+def test_persistence_tells_independent_steps_from_slow_stretches():
+    tc = _trace_checks()
+    n = 200_000  # 4,000 s of steps
+    rng = np.random.default_rng(1)
+    steady = tc.persistence(*tc.pair_residuals(*_sampled_run(rng.normal(0, 0.05, n))))
+    assert steady["sd1"] == pytest.approx(0.05, rel=0.1)
+    assert all(abs(steady["ratio"][k] - 1) < 0.2 for k in tc.PERSIST_STEPS)  # independent steps
+    assert all(abs(steady["corr"][lag]) < 0.08 for lag in tc.PERSIST_LAGS_S)
+    # the same scatter plus a slow stretch: a 2%, 2-second AR(1) component (100 steps)
+    persisting = tc.persistence(*tc.pair_residuals(*_sampled_run(rng.normal(0, 0.05, n) + _ar1(n, 0.02, 100, rng))))
+    assert persisting["ratio"][13] > 1.35  # 13 steps together vary far more than independent ones would
+    corr = [persisting["corr"][lag] for lag in tc.PERSIST_LAGS_S]
+    assert corr[0] > 0.25 and corr[0] > corr[1] > corr[2] > 0  # fading over the stretch's 2 s
+    # jitter in the start stamps alone: a late stamp makes one cycle long and the next short
+    start_s, ids, busy, work = _sampled_run(np.zeros(n))
+    jitter = rng.normal(0, 0.002, len(start_s))  # seconds, each stamp
+    jittered = tc.persistence(*tc.pair_residuals(start_s + jitter, ids, busy, work))
+    assert all(jittered["ratio"][k] < 0.8 for k in tc.PERSIST_STEPS)
+
+
+def test_persistence_compares_pairs_of_like_work_and_ignores_a_few_stalls():
+    tc = _trace_checks()
+    n = 200_000
+    rng = np.random.default_rng(2)
+    busy_batch = (np.arange(n) // 5_000) % 2 == 1  # 100-s stretches of a batch that steps 1.5x slower
+    log_scale = np.where(busy_batch, np.log(1.5), 0.0) + rng.normal(0, 0.03, n)
+    stalls = rng.choice(n, 40, replace=False)
+    log_scale[stalls] += np.log(3.0)  # a few stalls: the robust spread does not move
+    start_s, ids, busy, work = _sampled_run(log_scale)
+    work[:, 0] = np.where(busy_batch[ids], 120.0, 50.0)
+    p = tc.persistence(*tc.pair_residuals(start_s, ids, busy, work))
+    assert p["sd1"] == pytest.approx(0.03, rel=0.15)  # the slower batches are priced by their like
+    assert all(abs(p["ratio"][k] - 1) < 0.25 for k in tc.PERSIST_STEPS)
+    assert all(abs(p["corr"][lag]) < 0.15 for lag in tc.PERSIST_LAGS_S)  # pairs across a switch of batch: a little
+
+
+def test_persistence_leaves_out_the_first_seconds_an_idle_engine_and_short_traces():
+    tc = _trace_checks()
+    n = 100
+    ids = 50 * np.arange(n)  # a sample every 50 steps of 20 ms: 1 s apart
+    start_s = 0.02 * ids
+    start_s[:3] = [10.0, 11.0, 12.0]  # the first seconds (before 30 s): left out, whatever they hold
+    start_s[60:] += 5.0  # between samples 59 and 60 the engine idled 5 s
+    busy = np.ones(n, dtype=bool)
+    busy[80] = False  # an empty batch at either end of a pair: no cycle
+    work = np.tile([50.0, 0.0, 30_000.0], (n, 1))
+    apart, starts, residual = tc.pair_residuals(start_s, ids, busy, work)
+    expected = [i for i in range(n - 1) if start_s[i] >= 30.0 and i not in (59, 79, 80)]
+    assert list(starts) == pytest.approx(start_s[expected])
+    assert list(apart) == [50] * len(expected) and residual == pytest.approx(np.zeros(len(expected)), abs=1e-9)
+    assert tc.persistence(apart, starts, residual) is None  # no pair one step apart: no figure
+    from fitness.step_scatter import NEIGHBOURS
+
+    def pairs_kept(n_pairs):  # samples 10 s apart, after 30 s: every other pair qualifies
+        sparse_ids = 500 * np.arange(n_pairs + 1) + 2_000
+        ones = np.ones(n_pairs + 1, dtype=bool)
+        return len(tc.pair_residuals(0.02 * sparse_ids, sparse_ids, ones, work[: n_pairs + 1])[0])
+
+    assert pairs_kept(NEIGHBOURS + 1) == NEIGHBOURS + 1
+    assert pairs_kept(NEIGHBOURS) == 0  # too few pairs to price one by its like
+
+
+def test_persistence_prices_a_pair_by_like_work_far_away_in_time():
+    # the batch grows all run long, so the pairs of like work are the pairs near in time:
+    # without the time exclusion, a slow stretch would be its own reference and vanish
+    tc = _trace_checks()
+    n = 200_000
+    rng = np.random.default_rng(4)
+    log_scale = rng.normal(0, 0.05, n) + _ar1(n, 0.02, 100, rng)
+    start_s, ids, busy, work = _sampled_run(log_scale)
+    work[:, 2] = 30_000.0 + 10.0 * ids  # KV tokens grow with time
+    p = tc.persistence(*tc.pair_residuals(start_s, ids, busy, work))
+    assert p["ratio"][13] > 1.35 and p["corr"][0.2] > 0.25
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -125,9 +216,17 @@ def test_on_the_real_traces(shared_data, capsys):
     tc = _trace_checks()
     assert tc.main(["--shared", str(shared_data.parent)]) == 0
     out = capsys.readouterr().out
-    rows = {line[:26].strip(): line[26:].split() for line in out.splitlines() if line.startswith(("llama", "code"))}
+    first = out.split("\n\n")[0]  # check 1's table (check 4's follows)
+    rows = {line[:26].strip(): line[26:].split() for line in first.splitlines() if line.startswith(("llama", "code"))}
     assert set(rows) == {"llama-2-70b tp4 general", "codellama-34b tp2 general"}
     assert all(int(r[1]) < 0.01 * int(r[0]) for r in rows.values())  # under 1% of the steps prefill 100+ tokens
+    slow = out.split("\n\n")[1]  # check 4's table: no model needed
+    bodies = {
+        line[:26].strip(): float(line[26:].split()[0])
+        for line in slow.splitlines()
+        if line.startswith(("llama", "code"))
+    }
+    assert set(bodies) == set(rows) and all(0.005 < sd1 < 0.05 for sd1 in bodies.values())
     assert max(len(line) for line in out.splitlines()) <= 80
 
 
