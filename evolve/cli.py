@@ -273,6 +273,12 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     seed = run_seed(entry.run_config)
     rows = list(score_entry(entry, [str(p) for p in args.data], resolver, args.experiments, seed))
+    held_out = None
+    if args.lodo:  # before any output: one deployment is a one-line error
+        from fitness.step_errors import deployment_transfer, entry_step_table
+
+        expr, table, _, _ = entry_step_table(entry, [str(p) for p in args.data], resolver, args.experiments, seed)
+        held_out = deployment_transfer(entry, expr, table)
     result: dict[str, Any] = {
         "id": entry.id,
         "expression": entry.expression,
@@ -283,6 +289,8 @@ def cmd_score(args: argparse.Namespace) -> int:
     if n_total > 0 and all("mape" in r and r["mape"] is not None for r in rows):
         # one headline figure: MAPE over all steps (experiments weighted by their step count)
         result["overall_mape"] = sum(float(r["mape"]) * float(r.get("n", 0) or 0) for r in rows) / n_total
+    if held_out is not None:
+        result["leave_one_deployment_out"] = held_out
     if args.json:
         _write_json(args.json, result)
     console = _console()
@@ -293,6 +301,18 @@ def cmd_score(args: argparse.Namespace) -> int:
     console.print(_kv_count_line(rows, args.experiments, seed), markup=False, highlight=False)
     if any(r.get("by_batch_size") for r in rows):
         console.print(batch_bias_table(rows))
+    if held_out is not None:
+        title = "Leave one deployment out: constants refitted on the others' steps"
+        table_rows = [
+            {
+                "deployment": r["deployment"],
+                "n": r["n"],
+                "mape as stored": r["mape_stored"],
+                "mape refitted": r["mape_refit"],
+            }
+            for r in held_out
+        ]
+        console.print(rows_table(table_rows, title=title))
     return 0
 
 

@@ -147,6 +147,11 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
         help="count the KV of block-counted traces per request, as run --experiments does (KV sharing"
         " measured on these experiments' workloads): the run's figures, if it ran with the same DIR",
     )
+    p.add_argument(
+        "--lodo",
+        action="store_true",
+        help="leave one deployment out: refit the constants without each deployment's steps, score it",
+    )
 
     p = _entry_command(sub, "validate", "replay experiments end to end with an entry", handlers["validate"])
     p.add_argument("--experiments", required=True, metavar="DIR")

@@ -5,6 +5,13 @@ into quantiles of the requests they carry, and in each the mean of predicted ove
 measured cycle time, minus one. A step-time model can match the mean and still get the
 slope with batch size wrong (too cheap per request, too dear per step); that slope is
 what decides a full batch of 128, where the visible runs rarely go.
+
+``deployment_transfer`` (``score --lodo``): leave one deployment out. Per deployment, the
+entry's terms refitted on the other deployments' steps (the search's bounded least squares
+and the run's efficiency bounds), and its error on the left-out deployment's steps. Two
+deployments that share a cost's value cannot tell that cost from a constant; a refit
+without one of them shows whether the constants carry to the other (``docs/RESULTS.md``,
+"The trace command's model does not transfer to other deployments").
 """
 
 from __future__ import annotations
@@ -12,12 +19,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import sympy as sp
 
 from fitness.dataset import build_step_table
+from fitness.efficiency import run_efficiency_bounds
 from fitness.kv_sharing import trace_kv_sharing
+from fitness.scoring import FitnessContext, fit_terms, term_physics
+from fitness.validate import SympyTerm, split_terms
 from primitives.data.traces import load_steps
 from primitives.errors import InputError
-from primitives.language import evaluate_expr, parse_infix
+from primitives.language import evaluate_expr, parse_infix, to_infix
 from primitives.registry import supported_primitives
 
 BATCH_QUANTILES = 5
@@ -57,16 +68,9 @@ def error_by_quantile(x: np.ndarray, pred: np.ndarray, obs: np.ndarray, k: int =
     return out
 
 
-def score_entry(entry, data_paths: list, resolver, experiments_dir=None, seed: int = 0) -> list[dict]:
-    """Per-experiment step error of an archived expression (its constants as stored).
-
-    Returns dicts with experiment, n (cycle-time targets), mape and median_ape
-    (fractions), over every target row of the given traces, and ``by_batch_size``
-    (``error_by_quantile`` of the requests per step) where the traces count requests.
-    With ``experiments_dir``, block-counted KV is scaled to the per-request sum as the
-    search does (``fitness.kv_sharing``; the workload simulated with ``seed``); each row's
-    ``kv_sharing`` is the factor applied, None where none was.
-    """
+def entry_step_table(entry, data_paths: list, resolver, experiments_dir=None, seed: int = 0):
+    """(the entry's expression, the traces' step table with its primitives, the KV sharing
+    factors applied or None, whether the traces count requests)."""
     data = load_steps([Path(p) for p in data_paths])
     expr = parse_infix(entry.expression)
     names = sorted(s.name for s in expr.free_symbols)
@@ -79,6 +83,20 @@ def score_entry(entry, data_paths: list, resolver, experiments_dir=None, seed: i
     wanted = sorted({*names, "batch_size"} if by_batch else names) or None
     sharing = trace_kv_sharing(data, experiments_dir, resolver, seed) if experiments_dir else None
     table = build_step_table(data, resolver, wanted, validation_fraction=0.0, kv_sharing=sharing)
+    return expr, table, sharing, by_batch
+
+
+def score_entry(entry, data_paths: list, resolver, experiments_dir=None, seed: int = 0) -> list[dict]:
+    """Per-experiment step error of an archived expression (its constants as stored).
+
+    Returns dicts with experiment, n (cycle-time targets), mape and median_ape
+    (fractions), over every target row of the given traces, and ``by_batch_size``
+    (``error_by_quantile`` of the requests per step) where the traces count requests.
+    With ``experiments_dir``, block-counted KV is scaled to the per-request sum as the
+    search does (``fitness.kv_sharing``; the workload simulated with ``seed``); each row's
+    ``kv_sharing`` is the factor applied, None where none was.
+    """
+    expr, table, sharing, by_batch = entry_step_table(entry, data_paths, resolver, experiments_dir, seed)
     pred = np.maximum(evaluate_expr(expr, table.columns, table.n), 1.0)
     obs = table.cycle_time_us
     ape = np.abs(pred - obs) / obs
@@ -94,5 +112,43 @@ def score_entry(entry, data_paths: list, resolver, experiments_dir=None, seed: i
         }
         if by_batch:
             row["by_batch_size"] = error_by_quantile(table.columns["batch_size"][rows], pred[rows], obs[rows])
+        out.append(row)
+    return out
+
+
+def deployment_transfer(entry, expr: sp.Expr, table) -> list[dict]:
+    """Leave one deployment out: per deployment of TABLE, its steps, the MAPE of the entry's
+    constants as stored and refitted without the deployment's steps, and the refit (infix;
+    None, and no MAPE, where the refit fails). Raises InputError with one deployment."""
+    row_deployment = np.asarray(table.experiment_deployment)[table.experiment]
+    present = sorted(set(row_deployment.tolist()))
+    if len(present) < 2:
+        raise InputError("--data", "--lodo", "steps of two or more deployments (model, TP, GPU); these hold one")
+    bounds = run_efficiency_bounds(entry.run_config)
+    _, terms, _ = split_terms(expr)
+    efficiency = [bounds.of_term(t) if term_physics(t) else None for t in terms]
+    obs = table.cycle_time_us
+    stored = np.maximum(evaluate_expr(expr, table.columns, table.n), 1.0)
+    out = []
+    for d in present:
+        held = row_deployment == d
+        dep = table.deployments[d]
+        row = {
+            "deployment": f"{dep.model.name} tp{dep.tp}",
+            "n": int(held.sum()),
+            "mape_stored": float(np.mean(np.abs(stored[held] - obs[held]) / obs[held])),
+            "mape_refit": None,
+            "refit": None,
+        }
+        ctx = FitnessContext(table.subset(~held), efficiency_bounds=bounds)
+        score = fit_terms([SympyTerm(t) for t in terms], ctx, efficiency_terms=efficiency)
+        if score.ok:
+            refit = sp.Float(score.intercept) + sum(
+                (sp.Float(c) * t for c, t in zip(score.coefficients, terms, strict=True)), sp.Integer(0)
+            )
+            cols = {k: v[held] for k, v in table.columns.items()}
+            pred = np.maximum(evaluate_expr(refit, cols, int(held.sum())), 1.0)
+            row["mape_refit"] = float(np.mean(np.abs(pred - obs[held]) / obs[held]))
+            row["refit"] = to_infix(refit)
         out.append(row)
     return out
