@@ -308,11 +308,19 @@ def cmd_score(args: argparse.Namespace) -> int:
                 "deployment": r["deployment"],
                 "n": r["n"],
                 "mape as stored": r["mape_stored"],
-                "mape refitted": r["mape_refit"],
+                "mape refitted": "failed" if r["mape_refit"] is None else r["mape_refit"],
+                "pinned": "yes" if r["pinned"] else "no",
             }
             for r in held_out
         ]
         console.print(rows_table(table_rows, title=title))
+        if not all(r["pinned"] for r in held_out):
+            console.print(
+                "pinned no: its intercept and the terms constant within a deployment (tp, n_layers, ...)"
+                " outnumber the deployments fitted on; the refit is one split of their constant among many",
+                markup=False,
+                highlight=False,
+            )
     return 0
 
 

@@ -208,7 +208,9 @@ def rows_table(rows: list[dict], title: str | None = None):
                 columns.append(k)
     table = Table(title=title)
     for c in columns:
-        table.add_column(c, justify="left" if c in ("experiment", "name", "model") else "right", overflow="fold")
+        table.add_column(
+            c, justify="left" if c in ("experiment", "name", "model", "deployment") else "right", overflow="fold"
+        )
     for r in rows:
         table.add_row(*[fmt_cell(c, r[c]) if c in r else "-" for c in columns])
     return table

@@ -142,15 +142,17 @@ class _StepPrep:
         return buf[:k]
 
 
-_PREP: dict[int, _StepPrep] = {}
+# the step table last prepared, and its preparation: the table is held so that its id cannot
+# pass to another table (refits on subsets make and drop many) while its preparation is kept
+_PREP: dict[int, tuple[StepTable, _StepPrep]] = {}
 
 
 def _prep(st: StepTable) -> _StepPrep:
     key = id(st)
-    if key not in _PREP or _PREP[key] is None:
+    if key not in _PREP or _PREP[key][0] is not st:
         _PREP.clear()  # one context per process at a time
-        _PREP[key] = _StepPrep(st)
-    return _PREP[key]
+        _PREP[key] = (st, _StepPrep(st))
+    return _PREP[key][1]
 
 
 TermFn = Callable[[Mapping[str, np.ndarray], int], np.ndarray]

@@ -24,8 +24,8 @@ import sympy as sp
 from fitness.dataset import build_step_table
 from fitness.efficiency import run_efficiency_bounds
 from fitness.kv_sharing import trace_kv_sharing
-from fitness.scoring import FitnessContext, fit_terms, term_physics
-from fitness.validate import SympyTerm, split_terms
+from fitness.scoring import FitnessContext
+from fitness.validate import refit_terms, split_terms
 from primitives.data.traces import load_steps
 from primitives.errors import InputError
 from primitives.language import evaluate_expr, parse_infix, to_infix
@@ -118,37 +118,53 @@ def score_entry(entry, data_paths: list, resolver, experiments_dir=None, seed: i
 
 def deployment_transfer(entry, expr: sp.Expr, table) -> list[dict]:
     """Leave one deployment out: per deployment of TABLE, its steps, the MAPE of the entry's
-    constants as stored and refitted without the deployment's steps, and the refit (infix;
-    None, and no MAPE, where the refit fails). Raises InputError with one deployment."""
+    constants as stored and refitted without the deployment's steps, the refit (infix; None,
+    and no MAPE, where it fails) and whether the refit's constants are pinned. They are not
+    where the intercept and the terms constant within each deployment (``tp``, ``n_layers``,
+    ...) outnumber the deployments fitted on: the least squares then splits one constant
+    among them by its small ridge, one split of many. Raises InputError with one deployment.
+
+    The terms are the stored expression's, where sympy has merged one work's terms into
+    one (``archive show`` flags such a term as outside its bounds): the refit holds it to
+    one term's bounds, as a new candidate would be.
+    """
     row_deployment = np.asarray(table.experiment_deployment)[table.experiment]
     present = sorted(set(row_deployment.tolist()))
     if len(present) < 2:
-        raise InputError("--data", "--lodo", "steps of two or more deployments (model, TP, GPU); these hold one")
+        raise InputError("--lodo", None, "needs steps of two or more deployments (model, TP, GPU); these hold one")
     bounds = run_efficiency_bounds(entry.run_config)
     _, terms, _ = split_terms(expr)
-    efficiency = [bounds.of_term(t) if term_physics(t) else None for t in terms]
     obs = table.cycle_time_us
     stored = np.maximum(evaluate_expr(expr, table.columns, table.n), 1.0)
+    columns = [np.broadcast_to(evaluate_expr(t, table.columns, table.n), (table.n,)) for t in terms]
     out = []
     for d in present:
         held = row_deployment == d
         dep = table.deployments[d]
+        fitted_on = [x for x in present if x != d]
+        constant_terms = sum(_constant_within(c, row_deployment, fitted_on) for c in columns)
         row = {
-            "deployment": f"{dep.model.name} tp{dep.tp}",
+            "deployment": f"{dep.model.name} tp{dep.tp} {dep.gpu.name}",
             "n": int(held.sum()),
             "mape_stored": float(np.mean(np.abs(stored[held] - obs[held]) / obs[held])),
             "mape_refit": None,
             "refit": None,
+            "pinned": 1 + constant_terms <= len(fitted_on),  # the intercept and those terms
         }
-        ctx = FitnessContext(table.subset(~held), efficiency_bounds=bounds)
-        score = fit_terms([SympyTerm(t) for t in terms], ctx, efficiency_terms=efficiency)
-        if score.ok:
-            refit = sp.Float(score.intercept) + sum(
-                (sp.Float(c) * t for c, t in zip(score.coefficients, terms, strict=True)), sp.Integer(0)
-            )
+        fitted = refit_terms(terms, FitnessContext(table.subset(~held), efficiency_bounds=bounds))
+        if fitted is not None:
             cols = {k: v[held] for k, v in table.columns.items()}
-            pred = np.maximum(evaluate_expr(refit, cols, int(held.sum())), 1.0)
+            pred = np.maximum(evaluate_expr(fitted[0], cols, int(held.sum())), 1.0)
             row["mape_refit"] = float(np.mean(np.abs(pred - obs[held]) / obs[held]))
-            row["refit"] = to_infix(refit)
+            row["refit"] = to_infix(fitted[0])
         out.append(row)
     return out
+
+
+def _constant_within(column: np.ndarray, row_deployment: np.ndarray, deployments: list[int]) -> bool:
+    """Whether COLUMN takes one value on all the rows of each of DEPLOYMENTS."""
+    for d in deployments:
+        values = column[row_deployment == d]
+        if len(values) and np.ptp(values) > 1e-9 * max(float(np.abs(values).max()), 1.0):
+            return False
+    return True

@@ -272,16 +272,25 @@ def refit(
         return None
     sub = rows.subset(kept)
     sub.observed_us = observed
-    bounds = as_bounds(bounds)  # the search's bounds (and caps) hold in refits too
+    bounds = as_bounds(bounds)
+    fitted = refit_terms(terms, FitnessContext(None, sub, efficiency_bounds=bounds, fitted_non_step=fitted_non_step))
+    return None if fitted is None else (to_infix(fitted[0]), fitted[1])
+
+
+def refit_terms(terms: list[sp.Expr], ctx: FitnessContext) -> tuple[sp.Expr, dict] | None:
+    """``intercept + sum(coef * term)`` fitted on CTX's rows (step rows, replay rows or both)
+    as the search fits a candidate, its efficiency terms in ``ctx.efficiency_bounds`` (the
+    search's bounds and caps hold in refits too), and the fitted overheads; None where the
+    least squares fails."""
+    bounds = ctx.efficiency_bounds
     efficiency = [bounds.of_term(t) if term_physics(t) else None for t in terms]
-    ctx = FitnessContext(None, sub, efficiency_bounds=bounds, fitted_non_step=fitted_non_step)
     score = fit_terms([SympyTerm(t) for t in terms], ctx, efficiency_terms=efficiency)
     if not score.ok:
         return None
     expr = sp.Float(score.intercept) + sum(
         (sp.Float(c) * t for c, t in zip(score.coefficients, terms, strict=True)), sp.Integer(0)
     )
-    return to_infix(expr), dict(score.overheads)
+    return expr, dict(score.overheads)
 
 
 def split_terms(expr: sp.Expr) -> tuple[float, list[sp.Expr], list[float]]:

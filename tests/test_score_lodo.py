@@ -23,7 +23,8 @@ def test_a_law_every_deployment_shares_carries_to_each_left_out():
     table = planted_table(noise=0.0)  # 1.3*weight_time_us + 1.5*kv_io_time_us + 40*allreduce_calls + 1500
     law = "1500 + 1.3*weight_time_us + 1.5*kv_io_time_us + 40*allreduce_calls"
     rows = deployment_transfer(_entry(law), parse_infix(law), table)
-    assert [r["deployment"] for r in rows] == [f"{d.model.name} tp{d.tp}" for d in table.deployments]
+    assert [r["deployment"] for r in rows] == [f"{d.model.name} tp{d.tp} {d.gpu.name}" for d in table.deployments]
+    assert all(r["pinned"] for r in rows)  # intercept, weights and all-reduces: 3 constants, 3 deployments
     assert sum(r["n"] for r in rows) == table.n
     for r in rows:
         assert r["mape_stored"] == pytest.approx(0.0, abs=1e-9)
@@ -54,6 +55,16 @@ def test_a_per_gpu_stand_in_fits_in_place_and_misses_a_deployment_left_out():
     assert stored < 0.1 and refit > 2 * stored
 
 
+def test_constants_one_deployment_cannot_split_are_not_pinned():
+    table = planted_table(noise=0.0)
+    two = table.subset(table.experiment <= 1)  # Llama-2-7B TP1 and Llama-2-70B TP4
+    expression = "1000 + 2000*tp + 1.3*weight_time_us + 1.5*kv_io_time_us"
+    rows = deployment_transfer(_entry(expression), parse_infix(expression), two)
+    assert len(rows) == 2 and not any(r["pinned"] for r in rows)  # tp and the weights: constant per deployment
+    varying = "1000 + 1.5*kv_io_time_us"  # the intercept alone is pinned by one deployment
+    assert all(r["pinned"] for r in deployment_transfer(_entry(varying), parse_infix(varying), two))
+
+
 def test_one_deployment_is_a_one_line_error(work, capsys, archive):
     run_dir, entry_id, trace = archive
     with pytest.raises(InputError, match="two or more deployments"):
@@ -76,7 +87,7 @@ def test_the_command_prints_and_writes_each_deployment_left_out(work, capsys, ar
     assert rc == 0, err
     assert "Leave one deployment out" in out and "tp4" in out
     held = json.loads((work / "out.json").read_text())["leave_one_deployment_out"]
-    assert [r["deployment"].split()[-1] for r in held] == ["tp1", "tp4"]
-    assert all(set(r) == {"deployment", "n", "mape_stored", "mape_refit", "refit"} for r in held)
+    assert [r["deployment"].split()[1] for r in held] == ["tp1", "tp4"]
+    assert all(set(r) == {"deployment", "n", "mape_stored", "mape_refit", "refit", "pinned"} for r in held)
     assert all(r["n"] > 0 and np.isfinite(r["mape_stored"]) for r in held)
     assert max(len(line) for line in out.splitlines()) <= 80
