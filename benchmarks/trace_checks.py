@@ -78,7 +78,6 @@ PERSIST_LAGS_S = (0.2, 1.0, 4.0)
 PERSIST_APART_S = 10.0  # a pair's reference: pairs of like work at least this far away in time
 PERSIST_IDLE = 3.0  # a pair whose mean cycle is this many times its reference had an idle engine between
 PERSIST_MIN_PAIRS = 20  # fewer pairs k steps apart give no figure
-MAD_TO_SD = 1.4826  # a normal body's sd per median absolute deviation
 
 
 def step_floor_us(deployment, tokens: np.ndarray) -> np.ndarray:
@@ -127,18 +126,6 @@ def window_ratio(start_s, step_id, busy, model_us, lo_s: float, hi_s: float) -> 
     return w[0] / w[1]
 
 
-def model_on_traces(data, resolver, entry, kv_sharing):
-    """Per traced experiment: (name, its rows in time order, the archived model's step time
-    µs of each; every step's, as ``build_step_table(every_step=True)`` keeps them)."""
-    expr = parse_infix(entry.expression)
-    names = sorted(s.name for s in expr.free_symbols)
-    table = build_step_table(data, resolver, names, 0.0, kv_sharing, every_step=True)
-    model_us = evaluate_expr(expr, table.columns, table.n)
-    for e, name in enumerate(table.experiment_names):
-        g = data.steps.loc[data.steps["experiment"] == name]  # the table keeps the data's row order
-        yield name, g, model_us[table.experiment == e]
-
-
 def trace_clock(g):
     """(start s from the trace's first step, step ids, engine busy) of one experiment's rows."""
     start_us = g["ts_start_us"].to_numpy(dtype=np.float64)
@@ -148,14 +135,19 @@ def trace_clock(g):
 
 def first_seconds(data, resolver, entry, kv_sharing) -> list[str]:
     """Check 2: a line per experiment."""
+    expr = parse_infix(entry.expression)
+    names = sorted(s.name for s in expr.free_symbols)
+    table = build_step_table(data, resolver, names, 0.0, kv_sharing, every_step=True)
+    model_us = evaluate_expr(expr, table.columns, table.n)
     head = " ".join(f"{w:>4}" for w in WINDOW_STARTS_S)
     out = [
         f"measured / {entry.id}'s step time, over the same after {STEADY_AFTER_S:.0f} s",
         f"{'experiment':<26} {head} {f'0-{SPAN_S:.0f}':>5} {f'{WINDOW_S:.0f}-{SPAN_S:.0f}':>5}",
     ]
-    for name, g, model_us in model_on_traces(data, resolver, entry, kv_sharing):
+    for e, name in enumerate(table.experiment_names):
+        g = data.steps.loc[data.steps["experiment"] == name]  # the table keeps the data's row order
         start_s, step_id, busy = trace_clock(g)
-        ratio = partial(window_ratio, start_s, step_id, busy, model_us)
+        ratio = partial(window_ratio, start_s, step_id, busy, model_us[table.experiment == e])
         steady = [ratio(lo, lo + STEADY_WINDOW_S) for lo in np.arange(STEADY_AFTER_S, start_s.max(), STEADY_WINDOW_S)]
         steady = [r for r in steady if r is not None]
         if not steady:
@@ -190,8 +182,11 @@ def pair_residuals(start_s, step_id, busy, work):
 
 
 def robust_sd(values: np.ndarray) -> float:
-    """The spread of VALUES' body: MAD_TO_SD median absolute deviations (a few stalls do not move it)."""
-    return float(MAD_TO_SD * np.median(np.abs(values - np.median(values))))
+    """The spread of VALUES' body: median absolute deviations scaled to a normal's sd (a few
+    stalls do not move it)."""
+    from scipy.stats import median_abs_deviation
+
+    return float(median_abs_deviation(values, scale="normal"))
 
 
 def persistence(apart, start_s, residual) -> dict | None:

@@ -267,18 +267,21 @@ def cmd_score(args: argparse.Namespace) -> int:
     _check_writable_file(args.json, "--json")
     entry = _get_entry(args.run_dir, args.id)
     resolver = _resolver(args)
-    from evolve.report import batch_bias_table, rows_table
+    from evolve.report import batch_bias_table, lodo_report, rows_table
     from fitness.kv_sharing import run_seed
     from fitness.step_errors import score_entry
 
     seed = run_seed(entry.run_config)
-    rows = list(score_entry(entry, [str(p) for p in args.data], resolver, args.experiments, seed))
+    data = [str(p) for p in args.data]
     held_out = None
-    if args.lodo:  # before any output: one deployment is a one-line error
-        from fitness.step_errors import deployment_transfer, entry_step_table
+    if args.lodo:  # the traces read and priced once for both; one deployment is an error before any output
+        from fitness.step_errors import deployment_transfer, entry_step_table, score_table
 
-        expr, table, _, _ = entry_step_table(entry, [str(p) for p in args.data], resolver, args.experiments, seed)
-        held_out = deployment_transfer(entry, expr, table)
+        prepared = entry_step_table(entry, data, resolver, args.experiments, seed)
+        held_out = deployment_transfer(entry, prepared[0], prepared[1])
+        rows = score_table(*prepared)
+    else:
+        rows = list(score_entry(entry, data, resolver, args.experiments, seed))
     result: dict[str, Any] = {
         "id": entry.id,
         "expression": entry.expression,
@@ -302,25 +305,8 @@ def cmd_score(args: argparse.Namespace) -> int:
     if any(r.get("by_batch_size") for r in rows):
         console.print(batch_bias_table(rows))
     if held_out is not None:
-        title = "Leave one deployment out: constants refitted on the others' steps"
-        table_rows = [
-            {
-                "deployment": r["deployment"],
-                "n": r["n"],
-                "mape as stored": r["mape_stored"],
-                "mape refitted": "failed" if r["mape_refit"] is None else r["mape_refit"],
-                "pinned": "yes" if r["pinned"] else "no",
-            }
-            for r in held_out
-        ]
-        console.print(rows_table(table_rows, title=title))
-        if not all(r["pinned"] for r in held_out):
-            console.print(
-                "pinned no: its intercept and the terms constant within a deployment (tp, n_layers, ...)"
-                " outnumber the deployments fitted on; the refit is one split of their constant among many",
-                markup=False,
-                highlight=False,
-            )
+        for shown_part in lodo_report(held_out):
+            console.print(shown_part, markup=False, highlight=False)
     return 0
 
 

@@ -216,6 +216,28 @@ def rows_table(rows: list[dict], title: str | None = None):
     return table
 
 
+def lodo_report(held_out: list[dict]) -> list:
+    """``score --lodo``'s table (``fitness.step_errors.deployment_transfer`` rows), and a line
+    on what "pinned: no" means where a refit is not pinned."""
+    rows = [
+        {
+            "deployment": r["deployment"],
+            "n": r["n"],
+            "mape as stored": r["mape_stored"],
+            "mape refitted": "failed" if r["mape_refit"] is None else r["mape_refit"],
+            "pinned": "yes" if r["pinned"] else "no",
+        }
+        for r in held_out
+    ]
+    shown: list = [rows_table(rows, title="Leave one deployment out: constants refitted on the others' steps")]
+    if not all(r["pinned"] for r in held_out):
+        shown.append(
+            "pinned no: its intercept and the terms constant within a deployment (tp, n_layers, ...)"
+            " outnumber the deployments fitted on; the refit is one split of their constant among many"
+        )
+    return shown
+
+
 def batch_bias_table(rows: list[dict]):
     """``score``'s signed error by batch size: one row per experiment and quantile of the
     requests per step (``fitness.step_errors.error_by_quantile``)."""

@@ -96,7 +96,12 @@ def score_entry(entry, data_paths: list, resolver, experiments_dir=None, seed: i
     search does (``fitness.kv_sharing``; the workload simulated with ``seed``); each row's
     ``kv_sharing`` is the factor applied, None where none was.
     """
-    expr, table, sharing, by_batch = entry_step_table(entry, data_paths, resolver, experiments_dir, seed)
+    return score_table(*entry_step_table(entry, data_paths, resolver, experiments_dir, seed))
+
+
+def score_table(expr: sp.Expr, table, sharing: dict | None, by_batch: bool) -> list[dict]:
+    """``score_entry``'s rows from its step table (``entry_step_table``, built once where
+    ``deployment_transfer`` reads it too)."""
     pred = np.maximum(evaluate_expr(expr, table.columns, table.n), 1.0)
     obs = table.cycle_time_us
     ape = np.abs(pred - obs) / obs
