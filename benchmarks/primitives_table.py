@@ -29,7 +29,7 @@ from fitness.dataset import build_step_table  # noqa: E402
 from fitness.efficiency import DEFAULT_EFFICIENCY_BOUNDS, as_bounds  # noqa: E402
 from fitness.kv_sharing import trace_kv_sharing  # noqa: E402
 from fitness.physics_check import bound_flag, term_efficiencies  # noqa: E402
-from fitness.scoring import FitnessContext, fit_terms, term_physics  # noqa: E402
+from fitness.scoring import FitnessContext, fit_terms, sympy_term_intervals  # noqa: E402
 from fitness.validate import SympyTerm, split_terms  # noqa: E402
 from primitives.data.roots import shared_data_root  # noqa: E402
 from primitives.data.traces import load_steps  # noqa: E402
@@ -71,7 +71,7 @@ def main() -> int:
             [SympyTerm(t) for t in terms],
             FitnessContext(table, efficiency_bounds=bounds),
             detail=True,
-            efficiency_terms=[bounds.of_term(t) if term_physics(t) else None for t in terms],
+            efficiency_terms=sympy_term_intervals(terms, bounds),
         )
         fitted = " + ".join(f"{c!r}*{t}" for c, t in zip(score.coefficients, terms, strict=True))
         rows = term_efficiencies(f"{score.intercept!r} + {fitted}", bounds)

@@ -11,16 +11,23 @@ price of a KV read is pinned only by the models whose steps it dominates; fitted
 others, where it trades against per-step overheads, it drifted to 1.5x and Llama-2-7B ran
 away. Without the floor, a refit without those steps drops it to 1.0, cheaper than the
 kernel that reads the bytes, and Llama-2-7B at 20 req/s comes out 13-15% fast.
+
+A term is bounded through its works (``work_factors``): ``2.6*weight_time_us`` puts 2.6 on
+weight streaming, so its coefficient c prices it at 2.6c, and that is what must lie inside
+the bounds (``coefficient_interval``). A work may be priced by one term only
+(``term_intervals``): in two, its efficiency would be the sum of their coefficients, which
+no bound on each holds. The fitted expression shows each work once, at that efficiency.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import sympy as sp
 
+from primitives.language import pdiv
 from primitives.units import time_primitives
 
 DEFAULT_EFFICIENCY_BOUNDS = (1.0, 4.0)
@@ -61,8 +68,16 @@ class EfficiencyBounds:
             lo = min(hi, max(lo, min(floors[n] for n in names)))
         return lo, hi
 
-    def of_term(self, expr: sp.Expr) -> tuple[float, float]:
-        return self.of(time_primitives(expr))
+    def coefficient_interval(self, works: "Works") -> tuple[float, float] | None:
+        """The interval of the coefficient c of a term with these works: c times each work's
+        factors inside that work's bounds; None where no c puts every work inside its own."""
+        lo, hi = 0.0, float("inf")
+        for _, times, least, most in works:
+            if least <= 0.0:  # a work at a negative or no factor: no efficiency prices it
+                return None
+            w_lo, w_hi = self.of(times)
+            lo, hi = max(lo, w_lo / least), min(hi, w_hi / most)
+        return (lo, hi) if lo <= hi * (1 + 1e-12) else None
 
     def describe(self, dash: str = "-") -> str:
         """``1-4; kv_io_time_us 1.0549-1.16``: what a table's title says of the bounds."""
@@ -75,6 +90,82 @@ class EfficiencyBounds:
             else:
                 parts.append(f"{name} at most {hi:g}" if name in caps else f"{name} at least {lo:g}")
         return "; ".join(parts)
+
+
+Works = tuple[tuple[str, frozenset[str], float, float], ...]  # (work, its µs primitives, least and most factor)
+Factors = dict[str, tuple[float, float]]  # per µs primitive: the least and most factor a work puts on it
+
+
+def _inner_factors(expr: sp.Expr) -> Factors:
+    """The factors an expression puts on each µs primitive in it: a number times it, through
+    sums, ``Max``, ``Min``, ``Abs`` and ``pdiv`` by a count. A primitive under any other
+    function (``sqrt``, ``log``, a product of times) is taken at 1."""
+    if isinstance(expr, sp.Symbol):
+        return {expr.name: (1.0, 1.0)} if time_primitives(expr) else {}
+    if not time_primitives(expr):
+        return {}
+    if isinstance(expr, (sp.Add, sp.Max, sp.Min)):
+        out: Factors = {}
+        for arg in expr.args:
+            for name, (f_lo, f_hi) in _inner_factors(arg).items():
+                if name not in out:
+                    out[name] = (f_lo, f_hi)
+                elif isinstance(expr, sp.Add):  # twice in a sum: the factors add
+                    out[name] = (out[name][0] + f_lo, out[name][1] + f_hi)
+                else:  # in either branch of a Max or Min
+                    out[name] = (min(out[name][0], f_lo), max(out[name][1], f_hi))
+        return out
+    if isinstance(expr, sp.Mul):
+        number, rest = expr.as_coeff_Mul()
+        timed = [a for a in sp.Mul.make_args(rest) if time_primitives(a)]
+        inner = _inner_factors(timed[0]) if len(timed) == 1 else dict.fromkeys(time_primitives(rest), (1.0, 1.0))
+        k = float(number)  # other factors are ratios (moe_touched_fraction), which no bound sees
+        return {name: tuple(sorted((k * f_lo, k * f_hi))) for name, (f_lo, f_hi) in inner.items()}
+    if isinstance(expr, sp.Abs) or (isinstance(expr, pdiv) and not time_primitives(expr.args[1])):
+        return _inner_factors(expr.args[0])
+    return dict.fromkeys(time_primitives(expr), (1.0, 1.0))
+
+
+@lru_cache(maxsize=65536)
+def work_factors(expr: sp.Expr) -> Works:
+    """The works a µs term prices and the factors it puts on them: ``2.6*weight_time_us`` is
+    weight streaming at 2.6, ``gemm_time_us + kv_io_time_us`` two works at 1 each (sympy's
+    split, as the fitted expression shows it: a number distributes over a sum, not into
+    ``Max`` or ``pdiv``), ``Max(gemm_time_us, 2*kv_io_time_us)`` one work whose primitives
+    it prices at 1 to 2 (``_inner_factors``). A number in the term (a µs constant) is no
+    work: it is left out."""
+    out = []
+    for part in sp.Add.make_args(sp.sympify(expr)):
+        factor, work = part.as_coeff_Mul()
+        times = time_primitives(work)
+        if times:
+            inner = _inner_factors(work).values()
+            f_lo, f_hi = min(f for f, _ in inner), max(f for _, f in inner)
+            out.append((str(work), times, float(factor) * f_lo, float(factor) * f_hi))
+    return tuple(out)
+
+
+def term_intervals(
+    works: Sequence[Works | None], bounds: "EfficiencyBounds"
+) -> list[tuple[float, float] | None] | None:
+    """Per term, its coefficient's interval (None for a count term, whose works are None); None
+    for the whole where a work is priced by two terms or a term cannot put its works inside
+    their bounds (``EfficiencyBounds.coefficient_interval``)."""
+    seen: set[str] = set()
+    out: list[tuple[float, float] | None] = []
+    for term_works in works:
+        if term_works is None:
+            out.append(None)
+            continue
+        names = {w for w, *_ in term_works}
+        if names & seen:
+            return None
+        seen |= names
+        interval = bounds.coefficient_interval(term_works)
+        if interval is None:
+            return None
+        out.append(interval)
+    return out
 
 
 def as_bounds(
@@ -98,4 +189,12 @@ def run_efficiency_bounds(run_config: Mapping | None) -> EfficiencyBounds:
     )
 
 
-__all__ = ["DEFAULT_EFFICIENCY_BOUNDS", "EfficiencyBounds", "as_bounds", "run_efficiency_bounds"]
+__all__ = [
+    "DEFAULT_EFFICIENCY_BOUNDS",
+    "EfficiencyBounds",
+    "Works",
+    "as_bounds",
+    "run_efficiency_bounds",
+    "term_intervals",
+    "work_factors",
+]

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from fitness.efficiency import DEFAULT_EFFICIENCY_BOUNDS, as_bounds
+from fitness.efficiency import DEFAULT_EFFICIENCY_BOUNDS, as_bounds, work_factors
 from fitness.physics_probes import PhysicsProbes, monotone
 from fitness.scoring import term_kind
 from fitness.validate import split_terms
@@ -35,7 +35,8 @@ def term_efficiencies(expression: str, bounds=DEFAULT_EFFICIENCY_BOUNDS) -> list
             kind = "negative time"
         on, interval, outside = None, (None, None), False
         if kind == "efficiency":
-            interval = bounds.of_term(term)
+            # the coefficient's interval: the literals inside a term scale it (fitness.efficiency.work_factors)
+            interval = bounds.coefficient_interval(work_factors(term)) or (math.nan, math.nan)
             on = next(
                 (
                     name
@@ -44,8 +45,8 @@ def term_efficiencies(expression: str, bounds=DEFAULT_EFFICIENCY_BOUNDS) -> list
                 ),
                 None,
             )
-            # the search bounds each additive term, so one work in two terms can merge outside them
-            outside = not interval[0] * (1 - 1e-6) <= coef <= interval[1] * (1 + 1e-6)
+            # archives from before the search bounded works (fitness.efficiency.term_intervals) hold such terms
+            outside = not interval[0] * (1 - 1e-6) <= coef <= interval[1] * (1 + 1e-6)  # NaN: no interval
         rows.append(
             {
                 "term": to_infix(term),
@@ -64,6 +65,8 @@ def bound_flag(row: dict) -> str:
     """What every view (``archive show``, the HTML report, the primitives table) says of one
     ``term_efficiencies`` row: outside or on a bound, a negative time, or nothing."""
     if row["outside_bounds"]:
+        if math.isnan(row["lower"]):  # its literals put its works where no coefficient keeps all inside
+            return "OUTSIDE its bounds (at any coefficient)"
         return f"OUTSIDE its bounds ({row['lower']:g}-{row['upper']:g})"
     if row["on_bound"]:
         return f"on the {row['on_bound']} bound ({row[row['on_bound']]:g})"

@@ -21,14 +21,14 @@ import sympy as sp
 
 from fitness.bounded_lsq import bounded_gram
 from fitness.dataset import StepTable
-from fitness.efficiency import EfficiencyBounds, as_bounds
+from fitness.efficiency import EfficiencyBounds, Works, as_bounds, term_intervals, work_factors
 from fitness.fused import ColumnMatrix, FusedTerms, step_errors
 from fitness.physics_probes import PhysicsProbes
 from fitness.replay_rows import REPLAY_METRICS, ReplayRows, bound_load_term
 from fitness.sim.latency_model import FITTED_NON_STEP_NAMES, full_non_step_terms
 from fitness.transfer import held_out_groups, linear_transfer_error
 from primitives.language import Program, additive_terms, canonical, evaluate_program, program_to_sympy
-from primitives.units import involves_time, involves_unpriced_work, is_efficiency_term, time_primitives
+from primitives.units import involves_time, involves_unpriced_work, is_efficiency_term
 
 WORST = 1e9  # the score of a candidate that produced NaN/inf or fitted nothing
 # the load term's place among the fitted non-step terms (fitness.replay_rows.load_slope_identified)
@@ -229,11 +229,11 @@ def score_program(program: Program, ctx: FitnessContext, detail: bool = False, f
     physics = [_term_physics(key, t) for key, t in zip(keys, terms, strict=True)]
     if any(p is None for p in physics):  # a negative or mixed time, unpriced work (term_kind)
         return _worst(program)
+    works = [_term_works(key, t) if p else None for key, t, p in zip(keys, terms, physics, strict=True)]
+    bounds = term_intervals(works, ctx.efficiency_bounds)
+    if bounds is None:  # a work priced in two terms, or a term whose works no coefficient keeps in bounds
+        return _worst(program)
     evaluator = FusedTerms(terms) if fused else [partial(_program_term, t) for t in terms]
-    bounds = [
-        ctx.efficiency_bounds.of(_term_times(key, t)) if p else None
-        for key, t, p in zip(keys, terms, physics, strict=True)
-    ]
     score = fit_terms(evaluator, ctx, detail, [len(t) for t in terms], bounds)
     if not score.ok:
         return _worst(program)
@@ -248,9 +248,9 @@ def _term_physics(key: str, term: Program) -> bool | None:
 
 
 @lru_cache(maxsize=65536)
-def _term_times(key: str, term: Program) -> frozenset[str]:
-    """The µs primitives of a candidate's term (memoised by its canonical form)."""
-    return time_primitives(program_to_sympy(term))
+def _term_works(key: str, term: Program) -> Works:
+    """``work_factors`` of a candidate's term (memoised by its canonical form)."""
+    return work_factors(program_to_sympy(term))
 
 
 def term_kind(expr: sp.Expr) -> str:
@@ -278,6 +278,11 @@ def term_physics(expr: sp.Expr) -> bool | None:
     """True for an efficiency term, False for a count term, None for a term that scores worst
     (a negative or mixed time, unpriced work: ``term_kind``)."""
     return {"efficiency": True, "count": False}.get(term_kind(expr))
+
+
+def sympy_term_intervals(terms: list[sp.Expr], bounds: EfficiencyBounds) -> list[tuple[float, float] | None] | None:
+    """``term_intervals`` of an expression's terms (sympy; an archived model's, to refit it)."""
+    return term_intervals([work_factors(t) if term_physics(t) else None for t in terms], bounds)
 
 
 def _program_term(term: Program, columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:

@@ -129,9 +129,8 @@ def deployment_transfer(entry, expr: sp.Expr, table) -> list[dict]:
     ...) outnumber the deployments fitted on: the least squares then splits one constant
     among them by its small ridge, one split of many. Raises InputError with one deployment.
 
-    The terms are the stored expression's, where sympy has merged one work's terms into
-    one (``archive show`` flags such a term as outside its bounds): the refit holds it to
-    one term's bounds, as a new candidate would be.
+    The terms are the stored expression's, each work once, as the search bounds them
+    (``fitness.efficiency.term_intervals``).
     """
     row_deployment = np.asarray(table.experiment_deployment)[table.experiment]
     present = sorted(set(row_deployment.tolist()))

@@ -30,7 +30,7 @@ from joblib import Parallel, delayed
 
 from fitness.efficiency import DEFAULT_EFFICIENCY_BOUNDS, as_bounds
 from fitness.replay_rows import REPLAY_METRICS, ReplayRows
-from fitness.scoring import FitnessContext, error_stats, fit_terms, term_physics
+from fitness.scoring import FitnessContext, error_stats, fit_terms, sympy_term_intervals
 from fitness.sim.engine import simulate
 from fitness.sim.latency_model import FITTED_NON_STEP_NAMES
 from fitness.sim.loadgen import no_success_reason
@@ -282,8 +282,9 @@ def refit_terms(terms: list[sp.Expr], ctx: FitnessContext) -> tuple[sp.Expr, dic
     as the search fits a candidate, its efficiency terms in ``ctx.efficiency_bounds`` (the
     search's bounds and caps hold in refits too), and the fitted overheads; None where the
     least squares fails."""
-    bounds = ctx.efficiency_bounds
-    efficiency = [bounds.of_term(t) if term_physics(t) else None for t in terms]
+    efficiency = sympy_term_intervals(terms, ctx.efficiency_bounds)
+    if efficiency is None:
+        return None
     score = fit_terms([SympyTerm(t) for t in terms], ctx, efficiency_terms=efficiency)
     if not score.ok:
         return None

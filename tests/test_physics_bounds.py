@@ -7,13 +7,14 @@ import pytest
 from test_search import planted_table
 from test_sim_scheduler import DEP, ConstModel, spec_
 
-from fitness.physics_check import monotone_on_probes, probe_check, term_efficiencies
+from fitness.efficiency import as_bounds, work_factors
+from fitness.physics_check import bound_flag, monotone_on_probes, probe_check, term_efficiencies
 from fitness.physics_probes import PhysicsProbes, monotone
-from fitness.scoring import FitnessContext, score_program
+from fitness.scoring import FitnessContext, score_program, sympy_term_intervals
 from fitness.sim.engine import simulate
 from fitness.sim.recording import kv_sharing_factor
 from primitives.deployment import default_resolver
-from primitives.language import parse_infix
+from primitives.language import linear_model_sympy, parse_infix, to_infix
 from primitives.units import MICROSECONDS, is_efficiency_term, term_unit
 
 R = default_resolver()
@@ -51,6 +52,57 @@ def test_efficiency_is_held_inside_its_bounds():
     prog2 = (OP("add"), OP("add"), V("weight_time_us"), V("kv_io_time_us"), V("allreduce_time_us"))
     s = score_program(prog2, FitnessContext(table))
     assert min(s.coefficients) >= 1.0 - 1e-12
+
+
+C = lambda value: ("const", value)  # noqa: E731
+
+
+def test_a_literal_inside_a_term_does_not_escape_its_bounds():
+    # the data wants 1.5 on kv_io; bounded to 1.4, ``2*kv_io`` may not reach it at c = 0.75
+    table = planted_table(noise=0.0)
+    doubled = (OP("add"), OP("add"), V("weight_time_us"), OP("mul"), C(2.0), V("kv_io_time_us"), V("allreduce_calls"))
+    s = score_program(doubled, FitnessContext(table, efficiency_bounds=(0.5, 1.4)))
+    assert s.ok and 2 * s.coefficients[1] == pytest.approx(1.4)
+    # a literal times a work: 10*weight_time_us at the truth's 1.3 takes c = 0.13, below the run's lower bound 1
+    scaled = (OP("add"), OP("add"), OP("mul"), C(10.0), V("weight_time_us"), V("kv_io_time_us"), V("allreduce_calls"))
+    s = score_program(scaled, FitnessContext(table))
+    assert s.ok and s.coefficients == pytest.approx([0.13, 1.5, 40.0], rel=1e-6)
+    expression = to_infix(linear_model_sympy(s.terms, s.coefficients, s.intercept))
+    assert not any(r["outside_bounds"] for r in term_efficiencies(expression))
+
+
+def test_a_work_priced_in_two_terms_scores_worst():
+    # kv_io in two terms: its efficiency would be their sum, which bounds on each do not hold
+    table = planted_table(noise=0.0)
+    twice = (OP("add"), OP("add"), V("weight_time_us"), V("kv_io_time_us"), OP("add"), V("kv_io_time_us"))
+    twice += (V("allreduce_calls"),)
+    assert not score_program(twice, FitnessContext(table)).ok
+    # counts may repeat: per-call costs add up, each >= 0
+    calls = (OP("add"), OP("add"), V("weight_time_us"), V("allreduce_calls"), V("allreduce_calls"))
+    assert score_program(calls, FitnessContext(table)).ok
+
+
+def test_a_term_is_bounded_through_each_of_its_works():
+    bounds = as_bounds((1.0, 4.0), {"kv_io_time_us": 1.16}, {"kv_io_time_us": 1.0549})
+    both = work_factors(parse_infix("gemm_time_us + kv_io_time_us"))
+    assert bounds.coefficient_interval(both) == (1.0549, 1.16)  # KV's measured price holds inside a sum too
+    assert bounds.coefficient_interval(work_factors(parse_infix("pdiv(weight_time_us, 0.5)"))) == (0.5, 2.0)
+    assert bounds.coefficient_interval(work_factors(parse_infix("gemm_time_us + 27.7"))) == (1.0, 4.0)  # µs, no work
+    assert bounds.coefficient_interval(work_factors(parse_infix("gemm_time_us + 10*kv_io_time_us"))) is None
+    terms = [parse_infix(t) for t in ("gemm_time_us", "tp", "Max(gemm_time_us, kv_io_time_us)")]
+    assert sympy_term_intervals(terms, bounds) == [(1.0, 4.0), None, (1.0, 4.0)]  # Max is a work of its own
+    assert sympy_term_intervals([parse_infix("kv_io_time_us"), parse_infix("2*kv_io_time_us")], bounds) is None
+    # a literal inside Max scales the works under it: 2 and 3 on gemm and attention, so c from 0.5 to 4/3
+    inside = work_factors(parse_infix("Max(189.0, 2*gemm_time_us + 3*decode_attention_time_us)"))
+    assert bounds.coefficient_interval(inside) == pytest.approx((0.5, 4 / 3))
+    (row,) = term_efficiencies("0.72*Max(189.0, 2*gemm_time_us + 3*decode_attention_time_us)", bounds)
+    assert (row["lower"], row["upper"], row["outside_bounds"]) == (pytest.approx(0.5), pytest.approx(4 / 3), False)
+    # an archive from before: a literal no coefficient keeps inside, and a work merged from two terms
+    rows = term_efficiencies("Max(gemm_time_us, 10*kv_io_time_us) + 2.1098*kv_io_time_us", bounds)
+    assert {r["term"]: bound_flag(r) for r in rows} == {
+        "Max(gemm_time_us, 10*kv_io_time_us)": "OUTSIDE its bounds (at any coefficient)",
+        "kv_io_time_us": "OUTSIDE its bounds (1.0549-1.16)",
+    }
 
 
 def test_a_term_that_subtracts_time_scores_worst():
