@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import platform
 from argparse import ArgumentTypeError
 from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
 
 
 @dataclass
@@ -40,6 +43,9 @@ class RunConfig:
     step_scatter: dict | None = None  # StepScatter.to_dict() of the measured scatter; None: none
     # draws of each experiment's load the replayed rows and the final closed-loop check average
     load_draws: int = 1
+    # where the run was made (current_environment): the same seed and data give the same archive
+    # on the same CPU and packages; floating-point sums differ in their last bits elsewhere
+    environment: dict[str, str] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -47,6 +53,38 @@ class RunConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+# the packages whose arithmetic a run's numbers pass through
+NUMERIC_PACKAGES = ("numpy", "scipy", "numba", "llvmlite", "sympy", "deap", "pandas", "pyarrow")
+
+
+def _cpu_model() -> str:
+    try:  # Linux names the model here; platform.processor() is often empty there
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def current_environment() -> dict[str, str]:
+    """The Python, CPU and numeric packages this process runs on (recorded in run.json)."""
+    env = {"python": platform.python_version(), "machine": platform.machine(), "cpu": _cpu_model()}
+    for name in NUMERIC_PACKAGES:
+        try:
+            env[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            env[name] = "absent"
+    return env
+
+
+def environment_changes(recorded: dict[str, str] | None, now: dict[str, str]) -> list[str]:
+    """``numpy 2.3.1 -> 2.4.6``, one per item that differs (none for a run that recorded nothing)."""
+    if not recorded:
+        return []
+    return [f"{k} {recorded.get(k, '?')} -> {v}" for k, v in now.items() if recorded.get(k) != v]
 
 
 MAX_LOAD_DRAWS = 100  # draws of an experiment's load a run or a validation may average

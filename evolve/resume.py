@@ -9,11 +9,12 @@ searches in one archive).
 
 from __future__ import annotations
 
+import sys
 import uuid
 from pathlib import Path
 
 from archive.rundir import RunDir, default_run_dir, refuse_used_dir
-from evolve.config import MAX_LOAD_DRAWS, RunConfig
+from evolve.config import MAX_LOAD_DRAWS, RunConfig, current_environment, environment_changes
 from fitness.step_scatter import StepScatter
 from primitives import checks
 from primitives.errors import InputError
@@ -50,6 +51,7 @@ def fresh_config(config: RunConfig) -> RunConfig:
     """A new run: absolute paths, its own token, an unused directory (refused now, before any work)."""
     config = _absolute(config)
     config.run_token = uuid.uuid4().hex
+    config.environment = current_environment()
     root = Path(config.run_dir) if config.run_dir else default_run_dir(config.seed)
     refuse_used_dir(root)
     config.run_dir = str(root)
@@ -81,6 +83,9 @@ def _saved_config(path: Path) -> RunConfig:
     checks.boolean(saved["scatter_steps"], path, "scatter_steps")
     if saved.get("step_scatter") is not None:
         StepScatter.from_dict(saved["step_scatter"], path)
+    env = saved.get("environment")  # a run from before it recorded none
+    if env is not None and not (isinstance(env, dict) and all(isinstance(v, str) for v in env.values())):
+        raise InputError(path, "environment", f"expected a mapping of names to version strings, got {env!r}")
     saved.setdefault("load_draws", 1)  # a run from before the draws resumes with one
     checks.number(saved["load_draws"], path, "load_draws", integer=True, upper=MAX_LOAD_DRAWS)
     return RunConfig.from_dict(saved)
@@ -106,6 +111,12 @@ def resumed_config(config: RunConfig, given: set[str]) -> RunConfig:
                 f"the run in {root} was made with {theirs!r}, not {ours!r}; drop the flag to resume it, "
                 "or start a new run",
             )
+    changes = environment_changes(old.environment, current_environment())
+    if changes:  # allowed, but the resumed generations may take another path than on the run's own machine
+        print(
+            f"warning: {root} was made elsewhere ({'; '.join(changes)}); its search may go on differently",
+            file=sys.stderr,
+        )
     old.resume = old.run_dir = str(root)
     old.generations = config.generations
     old.jobs, old.backend, old.scheduler = config.jobs, config.backend, config.scheduler

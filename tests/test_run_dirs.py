@@ -5,17 +5,20 @@ to regular files; read-only commands change nothing; the last net is one line an
 
 import json
 import os
+import platform
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 from error_lines import ENV, assert_one_line_error, call
 
 from archive.rundir import RunLock
+from evolve.config import NUMERIC_PACKAGES
 from evolve.search import Search
 
 TINY = ["--generations", "1", "--population", "8", "--data", "good.csv"]
@@ -86,9 +89,26 @@ def test_a_resume_with_the_same_flags_goes_on(done, capsys):
     assert Search.peek_checkpoint(done / "checkpoint.pkl").generation == 2
 
 
+def test_a_run_records_where_it_was_made_and_a_resume_elsewhere_says_so(done, capsys):
+    recorded = json.loads((done / "run.json").read_text())["environment"]
+    assert recorded["numpy"] == metadata.version("numpy") and recorded["python"] == platform.python_version()
+    assert recorded["cpu"] and set(NUMERIC_PACKAGES) <= recorded.keys()
+    _edit_run_json(done / "run.json", environment={**recorded, "numpy": "1.0.0"})
+    rc, _, err = call(["run", "--generations", "2", "--resume", "runs/a"], capsys)
+    assert rc == 0, err
+    (warning,) = [ln for ln in err.splitlines() if ln.startswith("warning:")]
+    assert f"numpy 1.0.0 -> {metadata.version('numpy')}" in warning and "runs/a" in warning
+    assert Search.peek_checkpoint(done / "checkpoint.pkl").generation == 2
+    # a run from before the record resumes without a word about it
+    _edit_run_json(done / "run.json", environment=None)
+    rc, _, err = call(["run", "--generations", "3", "--resume", "runs/a"], capsys)
+    assert rc == 0 and "warning" not in err, err
+
+
 @pytest.mark.parametrize(
     "damage,needles",
     [
+        (lambda d: _edit_run_json(d / "run.json", environment=["numpy"]), ["run.json", "environment", "mapping"]),
         (lambda d: (d / "checkpoint.pkl").unlink(), ["checkpoint.pkl", "no checkpoint"]),
         (lambda d: (d / "checkpoint.pkl").write_bytes(b"\x80\x05junk"), ["checkpoint.pkl", "damaged"]),
         (lambda d: _flip_a_byte(d / "checkpoint.pkl"), ["checkpoint.pkl", "damaged"]),
@@ -113,8 +133,11 @@ def _flip_a_byte(path: Path) -> None:
 
 
 def _swap_token(path: Path) -> None:
-    config = json.loads(path.read_text())
-    path.write_text(json.dumps({**config, "run_token": "someone-else"}))
+    _edit_run_json(path, run_token="someone-else")
+
+
+def _edit_run_json(path: Path, **fields) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
 
 
 def test_a_checkpoint_of_another_run_is_refused(done, work, capsys):
