@@ -270,22 +270,12 @@ def _trace_deployments(path: Path) -> list[RunDeployment]:
     return sorted(out, key=lambda d: d.experiment)
 
 
-def run_deployments(entry: ArchiveEntry, run_dir: str | Path | None = None) -> list[RunDeployment]:
-    """The deployments ENTRY's run trained on, the one to bake in by default first.
-
-    From the run's step traces (``run_config['data']``; none recorded means the
-    embedded default data, ``primitives.data.roots.default_data_dir()``), else from its
-    experiment directories (``run_config['experiments']``). Experiments ENTRY was scored
-    on come first, then by name. RUN_DIR (where the run lives now) helps find data the
-    run named by relative paths. Raises InputError when none can be found.
-    """
+def _trace_data_deployments(config: dict, bases: list[Path], tried: list[str]) -> list[RunDeployment]:
+    """The deployments of a run's step traces (none recorded: the embedded default data)."""
     from primitives.data.roots import default_data_dir
     from primitives.data.traces import STEP_FILE_NAMES
 
-    config = dict(entry.run_config or {})
-    bases = _run_base_dirs(config, Path(run_dir) if run_dir is not None else None)
     found: list[RunDeployment] = []
-    tried: list[str] = []
     data = [str(p) for p in (config.get("data") or [])]
     if data:
         for p in data:
@@ -300,14 +290,45 @@ def run_deployments(entry: ArchiveEntry, run_dir: str | Path | None = None) -> l
             found += _trace_deployments(default)
         else:
             tried.append(f"the embedded default data ({default}: not there)")
-    if not found and config.get("experiments"):
-        path = _locate(str(config["experiments"]), bases)
-        if path is None:
-            tried.append(f"experiments {config['experiments']} (not found)")
-        else:
-            from primitives.data.experiments import find_experiments
+    return found
 
-            found += [RunDeployment(s.name, s.model, int(s.tp), None, str(s.path)) for s in find_experiments(path)]
+
+def _experiment_deployments(config: dict, bases: list[Path], tried: list[str]) -> list[RunDeployment]:
+    """The deployments of a replay run's experiment directories (none for a run without)."""
+    if not config.get("experiments"):
+        return []
+    path = _locate(str(config["experiments"]), bases)
+    if path is None:
+        tried.append(f"experiments {config['experiments']} (not found)")
+        return []
+    from primitives.data.experiments import find_experiments
+
+    return [RunDeployment(s.name, s.model, int(s.tp), None, str(s.path)) for s in find_experiments(path)]
+
+
+def fitted_deployments(entry: ArchiveEntry, run_dir: str | Path | None = None) -> list[RunDeployment]:
+    """Every deployment ENTRY's fit saw, one per (model, TP) as the data names it: its run's
+    step traces' and, for a replay run, its experiments' (``run_deployments`` stops at the
+    traces). Data no longer found is left out."""
+    config = dict(entry.run_config or {})
+    bases = _run_base_dirs(config, Path(run_dir) if run_dir is not None else None)
+    found = _trace_data_deployments(config, bases, []) + _experiment_deployments(config, bases, [])
+    return list({(d.model, d.tp): d for d in found}.values())
+
+
+def run_deployments(entry: ArchiveEntry, run_dir: str | Path | None = None) -> list[RunDeployment]:
+    """The deployments ENTRY's run trained on, the one to bake in by default first.
+
+    From the run's step traces (``run_config['data']``; none recorded means the
+    embedded default data, ``primitives.data.roots.default_data_dir()``), else from its
+    experiment directories (``run_config['experiments']``). Experiments ENTRY was scored
+    on come first, then by name. RUN_DIR (where the run lives now) helps find data the
+    run named by relative paths. Raises InputError when none can be found.
+    """
+    config = dict(entry.run_config or {})
+    bases = _run_base_dirs(config, Path(run_dir) if run_dir is not None else None)
+    tried: list[str] = []
+    found = _trace_data_deployments(config, bases, tried) or _experiment_deployments(config, bases, tried)
     if not found:
         raise InputError(
             f"archive entry {entry.id}",

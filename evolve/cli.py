@@ -232,7 +232,7 @@ def cmd_archive_best(args: argparse.Namespace) -> int:
     if args.json:
         print(_dumps(record))
         return 0
-    from evolve.report import print_entries
+    from evolve.report import print_coverage_note, print_entries
 
     console = _console()
     print_entries(console, [best], best.id, title="Recommended model")
@@ -243,6 +243,7 @@ def cmd_archive_best(args: argparse.Namespace) -> int:
         highlight=False,
         soft_wrap=True,
     )
+    print_coverage_note(best, Path(path).parent, _resolver(args))
     return 0
 
 
@@ -398,6 +399,9 @@ def cmd_export_go(args: argparse.Namespace) -> int:
 
     chosen = f"deployment: {deployment.model.name} TP{deployment.tp} on {deployment.gpu.name} ({how})"
     print(textwrap.fill(chosen, 80, subsequent_indent="  "))  # the other deployments' list can be long
+    from evolve.report import print_coverage_note
+
+    print_coverage_note(entry, run_dir, resolver)
     if args.blis is not None:
         from translate_go.blis_export import export_blis
 

@@ -146,6 +146,48 @@ def entries_table(
     return table
 
 
+MIN_FITTED_DEPLOYMENTS = 3  # fewer cannot tell a step constant from per-GPU, per-layer or weight costs
+
+
+def coverage_note(fitted: list[tuple[str, int, float]], entry_id: str) -> str | None:
+    """A warning for ``archive best`` and ``export-go`` where a model's fit saw fewer than
+    MIN_FITTED_DEPLOYMENTS deployments (FITTED: model, TP and weight bytes per GPU of each):
+    the terms constant within a deployment are pinned by that many points, and by fewer
+    where the deployments hold the same weight bytes per GPU (the real traces' two do)."""
+    import textwrap
+
+    n = len(fitted)
+    if n >= MIN_FITTED_DEPLOYMENTS or n == 0:
+        return None
+    names = ", ".join(f"{model} TP{tp}" for model, tp, _ in fitted)
+    weights = [w for _, _, w in fitted]
+    same = n > 1 and max(weights) <= 1.05 * min(weights)
+    held = f" holding about the same weights per GPU ({', '.join(f'{w / 1e9:.1f}' for w in weights)} GB)"
+    text = (
+        f"note: fitted on {n} deployment{'s' if n > 1 else ''} ({names}){held if same else ''}: its "
+        "per-deployment terms (intercept, tp, n_layers, weight streaming) may not carry to other "
+        "deployments" + (f"; evolve score {entry_id} --data DIR --lodo checks." if n > 1 else ".")
+    )
+    return textwrap.fill(text, 80)
+
+
+def print_coverage_note(entry: ArchiveEntry, run_dir: Path, resolver) -> None:
+    """``coverage_note`` of the deployments ENTRY's fit saw; nothing where they cannot be
+    found or resolved (the warning is a courtesy, never an error)."""
+    from archive.rundir import fitted_deployments
+    from primitives.errors import InputError
+
+    try:
+        fitted = [(d.model, d.tp, resolver.resolve(d.model, d.tp, d.gpu)) for d in fitted_deployments(entry, run_dir)]
+    except InputError:
+        return
+    # a trace names a model "llama-2-70b", an experiment by its HF id: one deployment
+    unique = {(dep.model.name, dep.tp): (m, tp, dep.weight_bytes_per_gpu) for m, tp, dep in fitted}
+    note = coverage_note(list(unique.values()), entry.id)
+    if note:
+        print(note)
+
+
 def mapping_table(mapping: dict, title: str | None = None, key_label: str = "name", value_label: str = "value"):
     from rich.table import Table
 

@@ -165,3 +165,42 @@ def test_python_dash_m_entry_point(project: Path):
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["id"] == FRONT[1].id
+
+
+def test_a_model_fitted_on_few_deployments_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):
+    from conftest import small_trace
+
+    from evolve.report import coverage_note
+
+    # the real traces' two deployments hold about the same weights per GPU: a constant and
+    # weight streaming are one column there, so `archive best` and `export-go` say so
+    monkeypatch.chdir(tmp_path)
+    two = [small_trace(40, "a", "llama-2-70b", 4), small_trace(40, "b", "codellama-34b", 2)]
+    (tmp_path / "two.csv").write_text("".join(t.to_csv(index=False, header=i == 0) for i, t in enumerate(two)))
+    run_dir = tmp_path / "runs" / "r"
+    with ArchiveStore(run_dir / "archive.sqlite") as store:
+        store.start_run("run-1", {"generations": 4, "data": [str(tmp_path / "two.csv")]}, 0, "fp")
+        store.record_generation("run-1", 3, FRONT, FRONT, {})
+        store.finish_run("run-1", {"generations": 4})
+    assert main(["archive", "best", "--run-dir", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    note = out[out.index("note:") :].replace("\n", " ")
+    assert "2 deployments (llama-2-70b TP4, codellama-34b TP2)" in note and "(34.5, 33.7 GB)" in note
+    assert f"evolve score {FRONT[1].id} --data DIR --lodo" in note
+    assert max(len(line) for line in out[out.index("note:") :].splitlines()) <= 80
+    # three deployments or more, or none found: no note; one: no leave-one-out to offer
+    assert coverage_note([("a", 1, 1e9), ("b", 2, 2e9), ("c", 4, 3e9)], "x") is None
+    assert coverage_note([], "x") is None
+    one = coverage_note([("llama-2-7b", 1, 13.5e9)], "x")
+    assert "1 deployment (llama-2-7b TP1)" in one and "--lodo" not in one and "same weights" not in one
+    assert "same weights" not in coverage_note([("a", 1, 13.5e9), ("b", 2, 34e9)], "x")
+
+
+def test_a_replay_run_counts_its_experiments_deployments_too(shared_data: Path):
+    from archive.rundir import fitted_deployments, run_deployments
+
+    config = {"data": [str(shared_data / "steps")], "experiments": str(shared_data / "experiments")}
+    e = ArchiveEntry(**{**FRONT[1].__dict__, "run_config": config})
+    fitted = {(d.model, d.tp) for d in fitted_deployments(e)}
+    assert {("llama-2-70b", 4), ("codellama-34b", 2)} <= fitted and ("meta-llama/Llama-2-7b-hf", 1) in fitted
+    assert {(d.model, d.tp) for d in run_deployments(e)} == {("llama-2-70b", 4), ("codellama-34b", 2)}  # traces first
