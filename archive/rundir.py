@@ -309,11 +309,15 @@ def _experiment_deployments(config: dict, bases: list[Path], tried: list[str]) -
 def fitted_deployments(entry: ArchiveEntry, run_dir: str | Path | None = None) -> list[RunDeployment]:
     """Every deployment ENTRY's fit saw, one per (model, TP) as the data names it: its run's
     step traces' and, for a replay run, its experiments' (``run_deployments`` stops at the
-    traces). Data no longer found is left out."""
+    traces). Empty where some of the run's data is no longer found: then nobody can tell."""
     config = dict(entry.run_config or {})
+    data = config.get("data") or []
+    if not isinstance(data, list) or not all(isinstance(p, str) for p in data):
+        return []
     bases = _run_base_dirs(config, Path(run_dir) if run_dir is not None else None)
-    found = _trace_data_deployments(config, bases, []) + _experiment_deployments(config, bases, [])
-    return list({(d.model, d.tp): d for d in found}.values())
+    tried: list[str] = []
+    found = _trace_data_deployments(config, bases, tried) + _experiment_deployments(config, bases, tried)
+    return [] if tried else list({(d.model, d.tp): d for d in found}.values())
 
 
 def run_deployments(entry: ArchiveEntry, run_dir: str | Path | None = None) -> list[RunDeployment]:

@@ -67,11 +67,14 @@ def main() -> int:
     print("|---|---|---|" + "---|" * len(exps))
     for label, text in MODELS.items():
         _, terms, _ = split_terms(parse_infix(text))
+        intervals = sympy_term_intervals(terms, bounds)
+        if intervals is None:  # fit_terms would take None as unbounded
+            raise SystemExit(f"{label}: a µs primitive in two terms, or a term no bound can price")
         score = fit_terms(
             [SympyTerm(t) for t in terms],
             FitnessContext(table, efficiency_bounds=bounds),
             detail=True,
-            efficiency_terms=sympy_term_intervals(terms, bounds),
+            efficiency_terms=intervals,
         )
         fitted = " + ".join(f"{c!r}*{t}" for c, t in zip(score.coefficients, terms, strict=True))
         rows = term_efficiencies(f"{score.intercept!r} + {fitted}", bounds)

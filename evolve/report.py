@@ -160,9 +160,9 @@ def coverage_note(fitted: list[tuple[str, int, float]], entry_id: str) -> str | 
     if n >= MIN_FITTED_DEPLOYMENTS or n == 0:
         return None
     names = ", ".join(f"{model} TP{tp}" for model, tp, _ in fitted)
-    weights = [w for _, _, w in fitted]
-    same = n > 1 and max(weights) <= 1.05 * min(weights)
-    held = f" holding about the same weights per GPU ({', '.join(f'{w / 1e9:.1f}' for w in weights)} GB)"
+    weight_bytes = [w for _, _, w in fitted]
+    same = n > 1 and max(weight_bytes) <= 1.05 * min(weight_bytes)
+    held = f" holding about the same weights per GPU ({', '.join(f'{w / 1e9:.1f}' for w in weight_bytes)} GB)"
     text = (
         f"note: fitted on {n} deployment{'s' if n > 1 else ''} ({names}){held if same else ''}: its "
         "per-deployment terms (intercept, tp, n_layers, weight streaming) may not carry to other "
@@ -179,7 +179,7 @@ def print_coverage_note(entry: ArchiveEntry, run_dir: Path, resolver) -> None:
 
     try:
         fitted = [(d.model, d.tp, resolver.resolve(d.model, d.tp, d.gpu)) for d in fitted_deployments(entry, run_dir)]
-    except InputError:
+    except (InputError, OSError, TypeError, ValueError):  # data moved or damaged: say nothing
         return
     # a trace names a model "llama-2-70b", an experiment by its HF id: one deployment
     unique = {(dep.model.name, dep.tp): (m, tp, dep.weight_bytes_per_gpu) for m, tp, dep in fitted}

@@ -12,11 +12,14 @@ others, where it trades against per-step overheads, it drifted to 1.5x and Llama
 away. Without the floor, a refit without those steps drops it to 1.0, cheaper than the
 kernel that reads the bytes, and Llama-2-7B at 20 req/s comes out 13-15% fast.
 
-A term is bounded through its works (``work_factors``): ``2.6*weight_time_us`` puts 2.6 on
-weight streaming, so its coefficient c prices it at 2.6c, and that is what must lie inside
-the bounds (``coefficient_interval``). A work may be priced by one term only
-(``term_intervals``): in two, its efficiency would be the sum of their coefficients, which
-no bound on each holds. The fitted expression shows each work once, at that efficiency.
+A term is bounded through the factor it puts on each µs primitive (``work_factors``):
+``2.6*weight_time_us`` streams weights at 2.6, so its coefficient c prices them at 2.6c,
+and that is what must lie inside weight streaming's bounds (``coefficient_interval``);
+``Max(gemm_time_us, kv_io_time_us)`` prices whichever wins at c, so c must suit both. A
+primitive may be priced by one additive part of one term only (``term_intervals``): in two,
+its efficiency would be the sum of their coefficients, which no bound on each holds. A
+term whose price of a work no factor describes (a literal inside a ratio or a denominator,
+a product of times) has no efficiency at all.
 """
 
 from __future__ import annotations
@@ -68,14 +71,17 @@ class EfficiencyBounds:
             lo = min(hi, max(lo, min(floors[n] for n in names)))
         return lo, hi
 
-    def coefficient_interval(self, works: "Works") -> tuple[float, float] | None:
-        """The interval of the coefficient c of a term with these works: c times each work's
-        factors inside that work's bounds; None where no c puts every work inside its own."""
+    def coefficient_interval(self, works: "Works | None") -> tuple[float, float] | None:
+        """The interval of the coefficient c of a term with these works: c times the factors
+        the term puts on each µs primitive inside that primitive's bounds; None where no c
+        does, or the term prices a work at no factor (``work_factors`` gave None or one <= 0)."""
+        if works is None:
+            return None
         lo, hi = 0.0, float("inf")
-        for _, times, least, most in works:
+        for name, least, most in works:
             if least <= 0.0:  # a work at a negative or no factor: no efficiency prices it
                 return None
-            w_lo, w_hi = self.of(times)
+            w_lo, w_hi = self.of({name})
             lo, hi = max(lo, w_lo / least), min(hi, w_hi / most)
         return (lo, hi) if lo <= hi * (1 + 1e-12) else None
 
@@ -92,78 +98,105 @@ class EfficiencyBounds:
         return "; ".join(parts)
 
 
-Works = tuple[tuple[str, frozenset[str], float, float], ...]  # (work, its µs primitives, least and most factor)
-Factors = dict[str, tuple[float, float]]  # per µs primitive: the least and most factor a work puts on it
+Works = tuple[tuple[str, float, float], ...]  # (µs primitive, least and most factor a term puts on it)
+# per µs primitive: the least positive and the largest factor, and whether a Max/Min branch leaves it out
+Factors = dict[str, tuple[float, float, bool]]
 
 
-def _inner_factors(expr: sp.Expr) -> Factors:
-    """The factors an expression puts on each µs primitive in it: a number times it, through
-    sums, ``Max``, ``Min``, ``Abs`` and ``pdiv`` by a count. A primitive under any other
-    function (``sqrt``, ``log``, a product of times) is taken at 1."""
-    if isinstance(expr, sp.Symbol):
-        return {expr.name: (1.0, 1.0)} if time_primitives(expr) else {}
+def _sum(a: Factors, b: Factors) -> Factors:
+    out = dict(a)
+    for name, (b_lo, b_hi, b_gone) in b.items():
+        if name not in out:
+            out[name] = (b_lo, b_hi, b_gone)
+            continue
+        a_lo, a_hi, a_gone = out[name]
+        lows = [a_lo + b_lo] + ([a_lo] if b_gone else []) + ([b_lo] if a_gone else [])
+        out[name] = (min(lows), a_hi + b_hi, a_gone and b_gone)
+    return out
+
+
+def _either(branches: list[Factors]) -> Factors:
+    """A Max or Min prices one branch: each primitive at a factor of a branch holding it, or not at all."""
+    out: Factors = {}
+    for name in set().union(*branches):
+        held = [f[name] for f in branches if name in f]
+        gone = len(held) < len(branches) or any(g for _, _, g in held)
+        out[name] = (min(lo for lo, _, _ in held), max(hi for _, hi, _ in held), gone)
+    return out
+
+
+def _factors(expr: sp.Expr) -> Factors | None:
+    """The factors EXPR puts on each µs primitive in it, through numbers times it, sums,
+    ``Max``, ``Min``, ``Abs`` and ``pdiv`` by a product of ratios; None where no factor
+    describes it: a literal inside a ratio factor or a denominator (``pdiv(w, 0.5*r)``), a
+    product or ratio of times, a time under any other function."""
     if not time_primitives(expr):
         return {}
+    if isinstance(expr, sp.Symbol):
+        return {expr.name: (1.0, 1.0, False)}
     if isinstance(expr, (sp.Add, sp.Max, sp.Min)):
-        out: Factors = {}
-        for arg in expr.args:
-            for name, (f_lo, f_hi) in _inner_factors(arg).items():
-                if name not in out:
-                    out[name] = (f_lo, f_hi)
-                elif isinstance(expr, sp.Add):  # twice in a sum: the factors add
-                    out[name] = (out[name][0] + f_lo, out[name][1] + f_hi)
-                else:  # in either branch of a Max or Min
-                    out[name] = (min(out[name][0], f_lo), max(out[name][1], f_hi))
-        return out
+        parts = [_factors(a) for a in expr.args]
+        if any(f is None for f in parts):
+            return None
+        if isinstance(expr, sp.Add):
+            out: Factors = {}
+            for f in parts:
+                out = _sum(out, f)
+            return out
+        return _either(parts)
     if isinstance(expr, sp.Mul):
         number, rest = expr.as_coeff_Mul()
-        timed = [a for a in sp.Mul.make_args(rest) if time_primitives(a)]
-        inner = _inner_factors(timed[0]) if len(timed) == 1 else dict.fromkeys(time_primitives(rest), (1.0, 1.0))
-        k = float(number)  # other factors are ratios (moe_touched_fraction), which no bound sees
-        return {name: tuple(sorted((k * f_lo, k * f_hi))) for name, (f_lo, f_hi) in inner.items()}
-    if isinstance(expr, sp.Abs) or (isinstance(expr, pdiv) and not time_primitives(expr.args[1])):
-        return _inner_factors(expr.args[0])
-    return dict.fromkeys(time_primitives(expr), (1.0, 1.0))
+        args = sp.Mul.make_args(rest)
+        timed = [a for a in args if time_primitives(a)]
+        if len(timed) != 1 or any(a.atoms(sp.Number) for a in args if a is not timed[0]):
+            return None
+        inner, k = _factors(timed[0]), float(number)
+        if inner is None:
+            return None
+        return {name: (k * min(lo, hi), k * max(lo, hi), gone) for name, (lo, hi, gone) in inner.items()}
+    if isinstance(expr, pdiv):
+        num, den = expr.args
+        return None if time_primitives(den) or den.atoms(sp.Number) else _factors(num)
+    if isinstance(expr, sp.Abs):
+        inner = _factors(expr.args[0])
+        return None if inner is None or any(lo <= 0 for lo, _, _ in inner.values()) else inner
+    return None
 
 
 @lru_cache(maxsize=65536)
-def work_factors(expr: sp.Expr) -> Works:
-    """The works a µs term prices and the factors it puts on them: ``2.6*weight_time_us`` is
-    weight streaming at 2.6, ``gemm_time_us + kv_io_time_us`` two works at 1 each (sympy's
-    split, as the fitted expression shows it: a number distributes over a sum, not into
-    ``Max`` or ``pdiv``), ``Max(gemm_time_us, 2*kv_io_time_us)`` one work whose primitives
-    it prices at 1 to 2 (``_inner_factors``). A number in the term (a µs constant) is no
-    work: it is left out."""
-    out = []
+def work_factors(expr: sp.Expr) -> Works | None:
+    """Per µs primitive of a term, the least and most factor the term puts on it:
+    ``2.6*weight_time_us`` streams weights at 2.6; ``Max(189.0, 2*gemm_time_us +
+    3*decode_attention_time_us)`` prices matmuls at 2 and attention at 3 when it prices them
+    at all. None where a primitive is in two of the term's additive parts as sympy splits it
+    (the fitted expression shows them as two terms, refitted apart), or where no factor
+    describes the term (``_factors``). A number in the term (a µs constant) is no work."""
+    seen: Factors = {}
     for part in sp.Add.make_args(sp.sympify(expr)):
-        factor, work = part.as_coeff_Mul()
-        times = time_primitives(work)
-        if times:
-            inner = _inner_factors(work).values()
-            f_lo, f_hi = min(f for f, _ in inner), max(f for _, f in inner)
-            out.append((str(work), times, float(factor) * f_lo, float(factor) * f_hi))
-    return tuple(out)
+        f = _factors(part)
+        if f is None or f.keys() & seen.keys():
+            return None
+        seen.update(f)
+    return tuple((name, lo, hi) for name, (lo, hi, _) in sorted(seen.items()))
 
 
 def term_intervals(
-    works: Sequence[Works | None], bounds: "EfficiencyBounds"
+    works: Sequence[Works | None | bool], bounds: "EfficiencyBounds"
 ) -> list[tuple[float, float] | None] | None:
-    """Per term, its coefficient's interval (None for a count term, whose works are None); None
-    for the whole where a work is priced by two terms or a term cannot put its works inside
-    their bounds (``EfficiencyBounds.coefficient_interval``)."""
+    """Per term, its coefficient's interval (None for a count term, given as False); None for
+    the whole where a µs primitive is priced by two terms, or a term by no factor or at no
+    coefficient inside its bounds (``EfficiencyBounds.coefficient_interval``)."""
     seen: set[str] = set()
     out: list[tuple[float, float] | None] = []
     for term_works in works:
-        if term_works is None:
+        if term_works is False:
             out.append(None)
             continue
-        names = {w for w, *_ in term_works}
-        if names & seen:
+        interval = bounds.coefficient_interval(term_works)
+        names = {name for name, *_ in term_works or ()}
+        if interval is None or names & seen:
             return None
         seen |= names
-        interval = bounds.coefficient_interval(term_works)
-        if interval is None:
-            return None
         out.append(interval)
     return out
 

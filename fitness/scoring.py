@@ -229,9 +229,9 @@ def score_program(program: Program, ctx: FitnessContext, detail: bool = False, f
     physics = [_term_physics(key, t) for key, t in zip(keys, terms, strict=True)]
     if any(p is None for p in physics):  # a negative or mixed time, unpriced work (term_kind)
         return _worst(program)
-    works = [_term_works(key, t) if p else None for key, t, p in zip(keys, terms, physics, strict=True)]
+    works = [_term_works(key, t) if p else False for key, t, p in zip(keys, terms, physics, strict=True)]
     bounds = term_intervals(works, ctx.efficiency_bounds)
-    if bounds is None:  # a work priced in two terms, or a term whose works no coefficient keeps in bounds
+    if bounds is None:  # a work priced in two terms, or a term no coefficient keeps inside its bounds
         return _worst(program)
     evaluator = FusedTerms(terms) if fused else [partial(_program_term, t) for t in terms]
     score = fit_terms(evaluator, ctx, detail, [len(t) for t in terms], bounds)
@@ -248,7 +248,7 @@ def _term_physics(key: str, term: Program) -> bool | None:
 
 
 @lru_cache(maxsize=65536)
-def _term_works(key: str, term: Program) -> Works:
+def _term_works(key: str, term: Program) -> Works | None:
     """``work_factors`` of a candidate's term (memoised by its canonical form)."""
     return work_factors(program_to_sympy(term))
 
@@ -282,7 +282,7 @@ def term_physics(expr: sp.Expr) -> bool | None:
 
 def sympy_term_intervals(terms: list[sp.Expr], bounds: EfficiencyBounds) -> list[tuple[float, float] | None] | None:
     """``term_intervals`` of an expression's terms (sympy; an archived model's, to refit it)."""
-    return term_intervals([work_factors(t) if term_physics(t) else None for t in terms], bounds)
+    return term_intervals([work_factors(t) if term_physics(t) else False for t in terms], bounds)
 
 
 def _program_term(term: Program, columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
@@ -301,9 +301,10 @@ def fit_terms(
     Each term is a function of primitive columns (leave-one-model-out passes the terms
     of an archived expression), or the search's evolved terms compiled (``FusedTerms``).
     Coefficients are >= 0; an efficiency term's (a time in µs) lies inside its interval
-    ``efficiency_terms[i]`` (``EfficiencyBounds.of``: the run's bounds, or a capped
-    primitive's; None for a count). The fitted non-step terms are >= 0, the load term 0
-    where no experiment's rows see two loads (``fitness.replay_rows.load_slope_identified``).
+    ``efficiency_terms[i]`` (``fitness.efficiency.term_intervals``: the bounds of each µs
+    primitive it prices, over the factor it puts on it; None for a count). The fitted
+    non-step terms are >= 0, the load term 0 where no experiment's rows see two loads
+    (``fitness.replay_rows.load_slope_identified``).
     A fit that fails ``ctx.probes`` (not monotone in work, or faster than the measured
     kernels allow) scores worst.
     """

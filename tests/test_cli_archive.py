@@ -188,6 +188,20 @@ def test_a_model_fitted_on_few_deployments_says_so(tmp_path: Path, monkeypatch: 
     assert "2 deployments (llama-2-70b TP4, codellama-34b TP2)" in note and "(34.5, 33.7 GB)" in note
     assert f"evolve score {FRONT[1].id} --data DIR --lodo" in note
     assert max(len(line) for line in out[out.index("note:") :].splitlines()) <= 80
+    # export-go says the same after the deployment it bakes in (then refuses these hand-filled
+    # entries' made-up overhead, which is not the point here)
+    main(["export-go", FRONT[1].id, "--run-dir", str(run_dir), "--out", str(tmp_path / "go")])
+    out = capsys.readouterr().out
+    assert out.index("deployment: Llama-2-70b-hf TP4") < out.index("note: fitted on 2 deployments")
+    # data that moved, or a damaged record: nobody can tell, so no note and no error
+    for data in ([str(tmp_path / "two.csv"), str(tmp_path / "gone.csv")], 5, "two.csv"):
+        other = tmp_path / "runs" / f"r{len(str(data))}"
+        with ArchiveStore(other / "archive.sqlite") as store:
+            store.start_run("run-1", {"generations": 4, "data": data}, 0, "fp")
+            store.record_generation("run-1", 3, FRONT, FRONT, {})
+            store.finish_run("run-1", {"generations": 4})
+        assert main(["archive", "best", "--run-dir", str(other)]) == 0
+        assert "note:" not in capsys.readouterr().out
     # three deployments or more, or none found: no note; one: no leave-one-out to offer
     assert coverage_note([("a", 1, 1e9), ("b", 2, 2e9), ("c", 4, 3e9)], "x") is None
     assert coverage_note([], "x") is None

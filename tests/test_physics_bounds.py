@@ -80,23 +80,55 @@ def test_a_work_priced_in_two_terms_scores_worst():
     # counts may repeat: per-call costs add up, each >= 0
     calls = (OP("add"), OP("add"), V("weight_time_us"), V("allreduce_calls"), V("allreduce_calls"))
     assert score_program(calls, FitnessContext(table)).ok
+    # the same through a ratio factor: on a dense model (fraction 1) KV would be read at the sum
+    ratio = (OP("mul"), V("kv_io_time_us"), V("moe_touched_fraction"))
+    via_ratio = (OP("add"), OP("add"), V("weight_time_us"), V("kv_io_time_us"), OP("add"), *ratio)
+    assert not score_program(via_ratio + (V("allreduce_calls"),), FitnessContext(table)).ok
 
 
 def test_a_term_is_bounded_through_each_of_its_works():
     bounds = as_bounds((1.0, 4.0), {"kv_io_time_us": 1.16}, {"kv_io_time_us": 1.0549})
-    both = work_factors(parse_infix("gemm_time_us + kv_io_time_us"))
-    assert bounds.coefficient_interval(both) == (1.0549, 1.16)  # KV's measured price holds inside a sum too
-    assert bounds.coefficient_interval(work_factors(parse_infix("pdiv(weight_time_us, 0.5)"))) == (0.5, 2.0)
-    assert bounds.coefficient_interval(work_factors(parse_infix("gemm_time_us + 27.7"))) == (1.0, 4.0)  # µs, no work
-    assert bounds.coefficient_interval(work_factors(parse_infix("gemm_time_us + 10*kv_io_time_us"))) is None
-    terms = [parse_infix(t) for t in ("gemm_time_us", "tp", "Max(gemm_time_us, kv_io_time_us)")]
-    assert sympy_term_intervals(terms, bounds) == [(1.0, 4.0), None, (1.0, 4.0)]  # Max is a work of its own
-    assert sympy_term_intervals([parse_infix("kv_io_time_us"), parse_infix("2*kv_io_time_us")], bounds) is None
+
+    def interval(text):
+        return bounds.coefficient_interval(work_factors(parse_infix(text)))
+
+    assert interval("gemm_time_us + kv_io_time_us") == (1.0549, 1.16)  # KV's measured price holds inside a sum too
+    assert interval("Max(weight_time_us, kv_io_time_us)") == (1.0549, 1.16)  # and for whichever branch wins
+    assert interval("Max(weight_time_us, 2*kv_io_time_us)") is None  # KV at 2c, weights at c: no c suits both
+    assert interval("pdiv(weight_time_us, 0.5)") == (0.5, 2.0)
+    assert interval("pdiv(2*weight_time_us, moe_touched_fraction)") == (0.5, 2.0)  # a ratio no bound sees
+    assert interval("gemm_time_us + 27.7") == (1.0, 4.0)  # a µs constant is no work
+    assert interval("gemm_time_us + 10*kv_io_time_us") is None
+    # a literal hidden in a ratio factor or a denominator, a product or ratio of times: no factor describes them
+    for hidden in (
+        "pdiv(weight_time_us, 0.5*moe_touched_fraction)",
+        "weight_time_us*pdiv(10.0, moe_topk_ratio)",
+        "weight_time_us*(9.0 + moe_topk_ratio)",
+        "pdiv(weight_time_us, moe_touched_fraction - 1)",
+        "3*weight_time_us*pdiv(gemm_time_us, 2*kv_io_time_us)",
+    ):
+        assert work_factors(parse_infix(hidden)) is None, hidden
+    # a Max inside a sum: weights at 1 (the Max picks 2*gemm) to 2 (it picks them), so c from 1 to 2
+    inner_sum = work_factors(parse_infix("Max(0.5, weight_time_us + Max(weight_time_us, 2*gemm_time_us))"))
+    assert inner_sum == (("gemm_time_us", 2.0, 2.0), ("weight_time_us", 1.0, 2.0))
+    assert work_factors(parse_infix("weight_time_us + Max(weight_time_us, 2*gemm_time_us)")) is None  # two parts
+    # before, that Max gave weights 2 to 2 and c down to 0.5: weights at 0.5 where the Max picks gemm
+    assert interval("Max(kv_io_time_us, weight_time_us + Max(weight_time_us, 2*gemm_time_us))") == (1.0549, 1.16)
+    assert interval("Max(0.5, weight_time_us + Max(weight_time_us, 2*gemm_time_us))") == (1.0, 2.0)
     # a literal inside Max scales the works under it: 2 and 3 on gemm and attention, so c from 0.5 to 4/3
-    inside = work_factors(parse_infix("Max(189.0, 2*gemm_time_us + 3*decode_attention_time_us)"))
-    assert bounds.coefficient_interval(inside) == pytest.approx((0.5, 4 / 3))
+    assert interval("Max(189.0, 2*gemm_time_us + 3*decode_attention_time_us)") == pytest.approx((0.5, 4 / 3))
     (row,) = term_efficiencies("0.72*Max(189.0, 2*gemm_time_us + 3*decode_attention_time_us)", bounds)
     assert (row["lower"], row["upper"], row["outside_bounds"]) == (pytest.approx(0.5), pytest.approx(4 / 3), False)
+    # one primitive per term: in two terms, or in two parts of one (refitted apart from the archive), no interval
+    terms = [parse_infix(t) for t in ("gemm_time_us", "tp", "Max(weight_time_us, kv_io_time_us)")]
+    assert sympy_term_intervals(terms, bounds) == [(1.0, 4.0), None, (1.0549, 1.16)]
+    for twice in (
+        ["kv_io_time_us", "2*kv_io_time_us"],
+        ["kv_io_time_us", "kv_io_time_us*moe_touched_fraction"],
+        ["gemm_time_us", "Max(gemm_time_us, kv_io_time_us)"],
+        ["1.5*gemm_time_us + 1.5*Max(gemm_time_us, kv_io_time_us)"],
+    ):
+        assert sympy_term_intervals([parse_infix(t) for t in twice], bounds) is None, twice
     # an archive from before: a literal no coefficient keeps inside, and a work merged from two terms
     rows = term_efficiencies("Max(gemm_time_us, 10*kv_io_time_us) + 2.1098*kv_io_time_us", bounds)
     assert {r["term"]: bound_flag(r) for r in rows} == {
