@@ -5,8 +5,8 @@ its work faster than either, so 1 (ideal) up to 4x slower by default (``--effici
 Some work has a tighter measured price: ``caps`` maps a primitive to the most one µs of its
 ideal time costs in the GPU's measured kernels (``primitives.kernels.efficiency_caps``: a KV
 byte costs at most 1.16x its HBM roofline time in H100's decode-attention kernel), and
-``floors`` the least (``efficiency_floors``: its typical price, 1.055x). A term whose only
-times are capped (floored) primitives gets that upper (lower) bound. Without the cap, the
+``floors`` the least (``efficiency_floors``: its typical price, 1.055x). Each primitive a
+term prices is held to its own bounds. Without the cap, the
 price of a KV read is pinned only by the models whose steps it dominates; fitted on the
 others, where it trades against per-step overheads, it drifted to 1.5x and Llama-2-7B ran
 away. Without the floor, a refit without those steps drops it to 1.0, cheaper than the
