@@ -188,6 +188,11 @@ def test_html_report_opens_in_a_browser_with_every_image(validated, tmp_path):
     page = write_report(res, entry(), tmp_path / "report", str(root))
     html = page.read_text()
     assert html.startswith("<!DOCTYPE html>") and "src='http" not in html and 'src="http' not in html
+    # every row's ITL p50 (the 10th error column) is shown without a verdict colour, and the page says why
+    rows = re.findall(r"<tr><td class=name>.*?</tr>", html.split("Errors per experiment")[1].split("</table>")[0])
+    scored = [re.findall(r"<td class='(\w+)'", r) for r in rows if "<td>—</td>" not in r]  # withheld: no errors
+    assert scored and all(cells[9] == "info" and "info" not in cells[:9] + cells[10:] for cells in scored)
+    assert "ITL p50 is uncoloured" in html
     assert html.count("data:image/png;base64,") == 1 + len(res["experiments"])  # the grid, one curve figure each
     browser = _browser()
     if browser is None:
