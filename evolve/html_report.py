@@ -75,8 +75,10 @@ def _error_cell(item: dict, metric: str, stat: str) -> str:
     err = item.get(f"{metric}_{stat}_error")
     if err is None:
         return "<td>—</td>"
-    cls = "good" if abs(err) <= 0.10 else ("fair" if abs(err) <= 0.15 else "bad")
-    cls = "info" if (metric, stat) in UNJUDGED else cls
+    if (metric, stat) in UNJUDGED:
+        cls = "info"
+    else:
+        cls = "good" if abs(err) <= 0.10 else ("fair" if abs(err) <= 0.15 else "bad")
     pred, obs = item.get(f"{metric}_{stat}_pred_s"), item.get(f"{metric}_{stat}_obs_s")
     tip = f"predicted {_num(pred)} s, observed {_num(obs)} s"
     low, high = item.get(f"{metric}_{stat}_pred_min_s"), item.get(f"{metric}_{stat}_pred_max_s")

@@ -35,7 +35,7 @@ def term_efficiencies(expression: str, bounds=DEFAULT_EFFICIENCY_BOUNDS) -> list
             kind = "negative time"
         on, interval, outside = None, (None, None), False
         if kind == "efficiency":
-            # the coefficient's interval: the literals inside a term scale it (fitness.efficiency.work_factors)
+            # the coefficient's interval: the factors a term puts on its primitives scale it (work_factors)
             interval = bounds.coefficient_interval(work_factors(term)) or (math.nan, math.nan)
             on = next(
                 (
@@ -45,7 +45,7 @@ def term_efficiencies(expression: str, bounds=DEFAULT_EFFICIENCY_BOUNDS) -> list
                 ),
                 None,
             )
-            # archives from before the search bounded works (fitness.efficiency.term_intervals) hold such terms
+            # archives from before the search bounded each primitive (term_intervals) hold such terms
             outside = not interval[0] * (1 - 1e-6) <= coef <= interval[1] * (1 + 1e-6)  # NaN: no interval
         rows.append(
             {
@@ -65,7 +65,7 @@ def bound_flag(row: dict) -> str:
     """What every view (``archive show``, the HTML report, the primitives table) says of one
     ``term_efficiencies`` row: outside or on a bound, a negative time, or nothing."""
     if row["outside_bounds"]:
-        if math.isnan(row["lower"]):  # its literals put its works where no coefficient keeps all inside
+        if math.isnan(row["lower"]):  # no coefficient keeps its primitives inside, or no factor describes it
             return "OUTSIDE its bounds (at any coefficient)"
         return f"OUTSIDE its bounds ({row['lower']:g}-{row['upper']:g})"
     if row["on_bound"]:

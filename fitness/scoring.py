@@ -231,7 +231,7 @@ def score_program(program: Program, ctx: FitnessContext, detail: bool = False, f
         return _worst(program)
     works = [_term_works(key, t) if p else False for key, t, p in zip(keys, terms, physics, strict=True)]
     bounds = term_intervals(works, ctx.efficiency_bounds)
-    if bounds is None:  # a work priced in two terms, or a term no coefficient keeps inside its bounds
+    if bounds is None:  # a primitive priced in two terms, or a term no coefficient keeps inside its bounds
         return _worst(program)
     evaluator = FusedTerms(terms) if fused else [partial(_program_term, t) for t in terms]
     score = fit_terms(evaluator, ctx, detail, [len(t) for t in terms], bounds)

@@ -129,8 +129,8 @@ def deployment_transfer(entry, expr: sp.Expr, table) -> list[dict]:
     ...) outnumber the deployments fitted on: the least squares then splits one constant
     among them by its small ridge, one split of many. Raises InputError with one deployment.
 
-    The terms are the stored expression's, each work once, as the search bounds them
-    (``fitness.efficiency.term_intervals``).
+    The terms are the stored expression's, each µs primitive in one, as the search bounds
+    them (``fitness.efficiency.term_intervals``).
     """
     row_deployment = np.asarray(table.experiment_deployment)[table.experiment]
     present = sorted(set(row_deployment.tolist()))

@@ -281,7 +281,8 @@ def refit_terms(terms: list[sp.Expr], ctx: FitnessContext) -> tuple[sp.Expr, dic
     """``intercept + sum(coef * term)`` fitted on CTX's rows (step rows, replay rows or both)
     as the search fits a candidate, its efficiency terms in ``ctx.efficiency_bounds`` (the
     search's bounds and caps hold in refits too), and the fitted overheads; None where the
-    least squares fails."""
+    terms have no intervals (``fitness.efficiency.term_intervals``: a µs primitive in two of
+    them, a term no factor describes) or the least squares fails."""
     efficiency = sympy_term_intervals(terms, ctx.efficiency_bounds)
     if efficiency is None:
         return None
