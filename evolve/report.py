@@ -67,6 +67,16 @@ def fmt_number(value: object) -> str:
     return f"{v:.6g}"
 
 
+# A float literal in an expression's text (not a digit inside a name such as x1).
+_FLOAT_LITERAL = re.compile(r"(?<![\w.])\d+\.\d+(?:[eE][+-]?\d+)?(?![\w.])")
+
+
+def display_expression(expression: str) -> str:
+    """An expression as a person reads it: its literals to 6 significant digits, as the
+    constants are shown (the archive and every --json keep them exact)."""
+    return _FLOAT_LITERAL.sub(lambda m: fmt_number(float(m.group())), expression)
+
+
 def fmt_cell(key: str, value: Any) -> str:
     """A table cell: errors (by their key) as percentages, rows as JSON, numbers to 6 digits."""
     k = key.lower()
@@ -104,17 +114,18 @@ def entry_record(entry: ArchiveEntry) -> dict:
 def print_entries(console, entries: list[ArchiveEntry], recommended_id: str | None = None, title: str | None = None):
     """The entries table, with the expressions in a column when every one fits beside the
     other columns unwrapped, else below the table, one line each (the terminal wraps them)."""
-    longest = max((len(e.expression) for e in entries), default=0)
+    longest = max((len(display_expression(e.expression)) for e in entries), default=0)
     narrow = entries_table(entries, recommended_id, title, expressions=False)
     room = console.width - console.measure(narrow).maximum - 3  # the column's border and padding
     if longest <= room:
         console.print(entries_table(entries, recommended_id, title))
         return
     console.print(narrow)
-    console.print("expressions (step time, µs):", markup=False, highlight=False)
+    console.print("expressions (step time, µs; constants to 6 digits, --json: exact):", markup=False, highlight=False)
     for e in entries:
         mark = "*" if e.id == recommended_id else " "
-        console.print(f"{mark} {e.id}  {e.expression}", markup=False, highlight=False, soft_wrap=True)
+        line = f"{mark} {e.id}  {display_expression(e.expression)}"
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def entries_table(
@@ -140,7 +151,7 @@ def entries_table(
         mark = "*" if e.id == recommended_id else ""
         row = [mark, e.id, str(e.generation), str(e.complexity)]
         row += [fmt_fraction(e.objectives.get(key)) for key, _ in shown]
-        table.add_row(*row, *([e.expression] if expressions else []))
+        table.add_row(*row, *([display_expression(e.expression)] if expressions else []))
     if recommended_id is not None:
         table.caption = "* recommended (python -m evolve archive best)"
     return table
@@ -387,9 +398,9 @@ def entry_detail(entry: ArchiveEntry) -> list:
     head.add_row("first found in generation", str(entry.generation))
     head.add_row("on latest front", "yes" if entry.on_front else "no")
     head.add_row("complexity", str(entry.complexity))
-    head.add_row("expression", entry.expression)
+    head.add_row("expression", display_expression(entry.expression))
     same = " ".join(simplified_text.split()) == " ".join(entry.expression.split())
-    head.add_row("simplified (sympy)", "(same as the expression)" if same else simplified_text)
+    head.add_row("simplified (sympy)", "(same as the expression)" if same else display_expression(simplified_text))
     head.add_row("constants", ", ".join(fmt_number(c) for c in entry.constants) or "-")
     head.add_row("primitives", ", ".join(entry.primitives) or "-")
     head.add_row("dataset fingerprint", entry.dataset_fingerprint or "-")

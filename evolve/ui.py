@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
 from archive.entry import ArchiveEntry
-from evolve.report import ERROR_COLUMNS, fmt_fraction, fmt_number, mapping_table, print_entries
+from evolve.report import ERROR_COLUMNS, display_expression, fmt_fraction, fmt_number, mapping_table, print_entries
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -156,7 +156,8 @@ class RunUI:
             self._plain(f"search finished in {fmt_duration(elapsed)}: {len(entries)} models on the front")
             for e in entries:
                 errs = " ".join(f"{k}={fmt_fraction(e.objectives[k])}" for k, _ in ERROR_COLUMNS if k in e.objectives)
-                self._plain(f"{'*' if e.id == rec else ' '} {e.id} cx={e.complexity} {errs} {e.expression}")
+                shown = display_expression(e.expression)
+                self._plain(f"{'*' if e.id == rec else ' '} {e.id} cx={e.complexity} {errs} {shown}")
             for k, v in summary.items():
                 text = f"{k}: {fmt_number(v) if not isinstance(v, (dict, list)) else v}"
                 # a list or mapping wraps at 80 columns; a path or an expression stays whole

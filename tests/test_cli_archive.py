@@ -114,6 +114,29 @@ def test_show(project: Path, capsys):
     assert "first found in generation" in out
 
 
+def test_tables_show_constants_to_six_digits_and_json_keeps_them_exact(tmp_path: Path, monkeypatch, capsys):
+    """A fitted constant has 17 digits; the tables show 6, as the constants row does."""
+    expr = "11.836989232876103 + 1601.9195722079112*tp + 1.128332799198561*kv_io_time_us + 0.5*x1"
+    long = entry(expr, 11, 0.05, 0.05)
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "runs" / "r"
+    with ArchiveStore(run_dir / "archive.sqlite") as store:
+        store.start_run("run-1", {"generations": 1}, 0, "fp")
+        store.record_generation("run-1", 0, [long], [long], {})
+        store.finish_run("run-1", {"generations": 1})
+    record_latest(run_dir)
+    for command in (["archive", "list"], ["archive", "best"]):
+        assert main(command) == 0
+        out = capsys.readouterr().out
+        assert "11.837 + 1601.92*tp + 1.12833*kv_io_time_us + 0.5*x1" in " ".join(out.split()), command
+        assert "1601.9195" not in out
+    assert main(["archive", "show", long.id]) == 0
+    out = capsys.readouterr().out  # the table cell wraps it; its literals are rounded all the same
+    assert "11.837 + 1601.92*tp" in out and "1601.9195" not in out
+    assert main(["archive", "list", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["expression"] == expr
+
+
 def test_unknown_id_is_one_line(project: Path, capsys):
     assert main(["archive", "show", "ffffffffffff"]) == 2
     line = one_error_line(capsys)
