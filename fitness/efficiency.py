@@ -24,7 +24,7 @@ a product of times) has no efficiency at all.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -59,16 +59,14 @@ class EfficiencyBounds:
     def _floor_of(self) -> dict[str, float]:
         return dict(self.floors)
 
-    def of(self, time_names: Iterable[str]) -> tuple[float, float]:
-        """The interval of a term whose µs primitives are ``time_names`` (never empty: a
-        floor above the interval's top gives the top)."""
-        caps, floors = self._cap_of, self._floor_of
-        names = set(time_names)
+    def of(self, name: str) -> tuple[float, float]:
+        """The interval of the µs primitive ``name``'s efficiency (never empty: a floor
+        above the interval's top gives the top)."""
         lo, hi = self.lower, self.upper
-        if names and names <= caps.keys():
-            hi = max(lo, min(hi, max(caps[n] for n in names)))
-        if names and names <= floors.keys():
-            lo = min(hi, max(lo, min(floors[n] for n in names)))
+        if name in self._cap_of:
+            hi = max(lo, min(hi, self._cap_of[name]))
+        if name in self._floor_of:
+            lo = min(hi, max(lo, self._floor_of[name]))
         return lo, hi
 
     def coefficient_interval(self, works: "Works | None") -> tuple[float, float] | None:
@@ -81,7 +79,7 @@ class EfficiencyBounds:
         for name, least, most in works:
             if least <= 0.0:  # a work at a negative or no factor: no efficiency prices it
                 return None
-            w_lo, w_hi = self.of({name})
+            w_lo, w_hi = self.of(name)
             lo, hi = max(lo, w_lo / least), min(hi, w_hi / most)
         return (lo, hi) if lo <= hi * (1 + 1e-12) else None
 
@@ -90,7 +88,7 @@ class EfficiencyBounds:
         caps, floors = self._cap_of, self._floor_of
         parts = [f"{self.lower:g}{dash}{self.upper:g}"]
         for name in sorted(caps.keys() | floors.keys()):
-            lo, hi = self.of({name})
+            lo, hi = self.of(name)
             if name in caps and name in floors:
                 parts.append(f"{name} {lo:g}{dash}{hi:g}")
             else:

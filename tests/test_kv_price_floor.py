@@ -56,13 +56,13 @@ def test_the_floor_is_the_median_marginal_price_and_the_cap_its_dear_end(tmp_pat
     assert efficiency_caps([h100, made_up]) == {"kv_io_time_us": pytest.approx(np.quantile(prices, 0.95), abs=1e-4)}
 
 
-def test_a_term_is_floored_only_when_every_time_in_it_is_and_the_interval_is_never_empty():
-    assert FLOORED.of({"kv_io_time_us"}) == (1.055, 1.16)
-    assert FLOORED.of({"kv_io_time_us", "gemm_time_us"}) == (1.0, 4.0)
-    assert FLOORED.of(set()) == (1.0, 4.0)
+def test_a_primitive_is_floored_only_where_it_has_a_floor_and_the_interval_is_never_empty():
+    assert FLOORED.of("kv_io_time_us") == (1.055, 1.16)
+    assert FLOORED.of("gemm_time_us") == (1.0, 4.0)
+    assert FLOORED.of("weight_time_us") == (1.0, 4.0)
     above = EfficiencyBounds(1.0, 4.0, CAP.caps, (("kv_io_time_us", 1.3),))
-    assert above.of({"kv_io_time_us"}) == (1.16, 1.16)  # a floor above the cap: pinned at the cap
-    assert EfficiencyBounds(1.2, 4.0, (), (("kv_io_time_us", 1.1),)).of({"kv_io_time_us"}) == (1.2, 4.0)
+    assert above.of("kv_io_time_us") == (1.16, 1.16)  # a floor above the cap: pinned at the cap
+    assert EfficiencyBounds(1.2, 4.0, (), (("kv_io_time_us", 1.1),)).of("kv_io_time_us") == (1.2, 4.0)
     assert FLOORED.describe() == "1-4; kv_io_time_us 1.055-1.16"
     assert EfficiencyBounds(1.0, 4.0, (), FLOORED.floors).describe() == "1-4; kv_io_time_us at least 1.055"
 
