@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 from dataclasses import asdict, dataclass, field
 
@@ -35,4 +36,48 @@ class ArchiveEntry:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ArchiveEntry":
+        """The entry D describes; ValueError naming the field where D holds something else
+        (a damaged archive or JSON file must not reach the commands that read entries)."""
+        for name, kinds in _FIELD_TYPES.items():
+            if name in d and not _is(d[name], kinds):
+                raise ValueError(f"{name}: expected {' or '.join(k.__name__ for k in kinds)}, got {d[name]!r:.60}")
+        _each(d.get("constants", []), "constants", (int, float))
+        _each(d.get("primitives", []), "primitives", (str,))
+        _each(d.get("objectives", {}).values(), "objectives", (int, float, type(None)))
+        _each(d.get("overheads", {}).values(), "overheads", (int, float))
+        _each(d.get("per_experiment", {}).values(), "per_experiment", (dict,))
+        try:  # the text is read by sympy and the Go printer later: an unparsable one is damage
+            ast.parse(d.get("expression", "0"), mode="eval")
+        except SyntaxError as exc:
+            raise ValueError(f"expression: not an expression ({exc.msg}): {d['expression']!r:.60}") from None
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+# what each stored field may hold (bool is an int to Python, so it is checked apart)
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "id": (str,),
+    "expression": (str,),
+    "simplified": (str, type(None)),
+    "complexity": (int,),
+    "constants": (list,),
+    "objectives": (dict,),
+    "generation": (int,),
+    "primitives": (list,),
+    "overheads": (dict,),
+    "per_experiment": (dict,),
+    "on_front": (bool,),
+    "run_id": (str,),
+    "dataset_fingerprint": (str,),
+    "seed": (int,),
+    "run_config": (dict,),
+}
+
+
+def _is(value: object, kinds: tuple[type, ...]) -> bool:
+    return isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool))
+
+
+def _each(values, name: str, kinds: tuple[type, ...]) -> None:
+    for v in values:
+        if not _is(v, kinds):
+            raise ValueError(f"{name}: expected {' or '.join(k.__name__ for k in kinds)} items, got {v!r:.60}")

@@ -167,9 +167,11 @@ def locate_archive(run_dir: str | os.PathLike | None, base: str | os.PathLike | 
             root, None, "no run found in this directory; run `python -m evolve run` first or pass --run-dir"
         )
     try:
-        text = latest.read_text().strip()
+        text = latest.read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise InputError(latest, None, f"cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise InputError(latest, None, "is not a run directory's path (not UTF-8 text); pass --run-dir") from None
     if not text:
         raise InputError(latest, None, "is empty; pass --run-dir")
     target = Path(text)

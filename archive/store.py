@@ -194,6 +194,15 @@ class ArchiveStore:
     def _damaged(self, what: str | None, exc: Exception) -> InputError:
         return InputError(self.path, what, f"damaged archive, cannot read it ({type(exc).__name__}: {exc})")
 
+    def _run_config(self, run_id: str, config_json: object) -> dict:
+        try:
+            config = json.loads(config_json)  # type: ignore[arg-type]
+            if not isinstance(config, dict):
+                raise ValueError(f"expected a mapping, got {config!r:.60}")
+        except (TypeError, ValueError) as exc:
+            raise self._damaged(f"runs.config_json of {run_id}", exc) from None
+        return config
+
     def _run_row(self, conn: sqlite3.Connection, run_id: str) -> tuple:
         row = conn.execute(
             "SELECT run_id, config_json, seed, dataset_fingerprint FROM runs WHERE run_id = ?", (run_id,)
@@ -255,7 +264,7 @@ class ArchiveStore:
         generation = int(generation)
         with self._tx() as conn:
             _, config_json, seed, fingerprint = self._run_row(conn, run_id)
-            run_config = json.loads(config_json)
+            run_config = self._run_config(run_id, config_json)
             front_ids = _unique_ids(front)
             best_ids = _unique_ids(best_by_complexity)
             by_id: dict[str, ArchiveEntry] = {}
@@ -328,10 +337,7 @@ class ArchiveStore:
                 ).fetchone()
                 if row is not None:
                     rows.append(row)
-        try:
-            config = json.loads(config_json)
-        except (TypeError, ValueError) as exc:
-            raise self._damaged(f"run {run_id}", exc) from None
+        config = self._run_config(run_id, config_json)
         out = []
         for entry_id, generation, on_front, payload in rows:
             try:
@@ -356,7 +362,7 @@ class ArchiveStore:
             ).fetchone()
             if row is None:
                 return []
-            entries = self._load(conn, run, json.loads(row[0]))
+            entries = self._load(conn, run, _id_list(row[0], lambda exc: self._damaged(f"generations.{column}", exc)))
         return sorted(entries, key=lambda e: (e.complexity, e.id))
 
     def front(self, run_id: str | None = None) -> list[ArchiveEntry]:
@@ -414,8 +420,10 @@ class ArchiveStore:
                 status=r[3],
                 seed=int(r[4]),
                 dataset_fingerprint=r[5],
-                config=json.loads(r[6]),
-                summary=None if r[7] is None else json.loads(r[7]),
+                config=self._run_config(r[0], r[6]),
+                summary=None
+                if r[7] is None
+                else _json_or_damage(r[7], lambda exc, r=r: self._damaged(f"runs.summary_json of {r[0]}", exc)),
                 last_generation=r[8],
             )
             for r in rows
@@ -425,6 +433,17 @@ class ArchiveStore:
         """The most recently started run, or None for an empty archive."""
         runs = self.runs()
         return runs[-1] if runs else None
+
+    def resumable_run(self) -> RunRecord:
+        """The run a ``--resume`` goes on with (the latest), where sqlite finds the file whole."""
+        with self._tx(write=False) as conn:
+            problem = conn.execute("PRAGMA quick_check").fetchone()[0]
+        if problem != "ok":
+            raise InputError(self.path, "--resume", f"damaged archive ({problem}); restore a copy or start a new run")
+        run = self.latest_run()
+        if run is None:
+            raise InputError(self.path, "--resume", "the archive holds no run; restore a copy or start a new run")
+        return run
 
     def last_generation(self, run_id: str | None = None) -> int | None:
         """Highest recorded generation of the run (None if none yet) — where a resume starts."""
@@ -449,12 +468,27 @@ class ArchiveStore:
             {
                 "generation": g,
                 "recorded_at": t,
-                "front_ids": json.loads(f),
-                "best_ids": json.loads(b),
-                "stats": json.loads(s),
+                "front_ids": _id_list(f, lambda exc, g=g: self._damaged(f"generations.front_ids of {g}", exc)),
+                "best_ids": _id_list(b, lambda exc, g=g: self._damaged(f"generations.best_ids of {g}", exc)),
+                "stats": _json_or_damage(s, lambda exc, g=g: self._damaged(f"generations.stats_json of {g}", exc)),
             }
             for g, t, f, b, s in rows
         ]
+
+
+def _json_or_damage(text: object, damaged):
+    try:
+        return json.loads(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        raise damaged(exc) from None
+
+
+def _id_list(text: object, damaged) -> list[str]:
+    """A generation's stored list of entry ids (``damaged(exc)``: the error where it is not one)."""
+    ids = _json_or_damage(text, damaged)
+    if not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
+        raise damaged(ValueError(f"expected a list of entry ids, got {ids!r:.60}"))
+    return ids
 
 
 def _unique_ids(entries: list[ArchiveEntry]) -> list[str]:

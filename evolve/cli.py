@@ -19,16 +19,14 @@ from typing import Any, Sequence
 
 from archive.entry import ArchiveEntry
 from evolve.cli_parser import PROG, build_parser
-from evolve.report import clean, entry_record, fmt_cell
+from evolve.report import clean, entry_record, fmt_cell, make_console
 from primitives.errors import InputError, writable_dir
 from primitives.files import atomic_write_text, regular_target
 
 
 # -- helpers ------------------------------------------------------------------------
 def _console():
-    from rich.console import Console
-
-    return Console()
+    return make_console()
 
 
 def _must_exist(path: str | None, option: str, kind: str = "any") -> None:
@@ -459,6 +457,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except InputError as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except PermissionError as exc:  # a path given that this user may not open: bad input too
+        print(f"error: {exc.filename or exc.filename2 or '?'}: permission denied", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:  # a missing piece of this build or an optional package: not a user error
         print(f"error: {_one_line(exc)}", file=sys.stderr)

@@ -24,6 +24,19 @@ ERROR_COLUMNS = (
 )
 
 
+def make_console():
+    """The commands' rich console. Where the reader goes away (``| head``), rich exits 1;
+    this one raises BrokenPipeError, which the command line ends with status 0."""
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _Console()
+
+
 # -- formatting -----------------------------------------------------------------------
 def clean(obj: Any) -> Any:
     """JSON-safe copy: non-finite floats become null, numpy scalars plain numbers."""

@@ -19,6 +19,7 @@ from fitness.step_scatter import StepScatter
 from primitives import checks
 from primitives.errors import InputError
 from primitives.files import read_mapping
+from primitives.registry import PRIMITIVE_BY_NAME
 
 MAX_SEED = 2**63 - 1  # sqlite's INTEGER
 # options a resumed run takes from run.json: RunConfig field -> its flag
@@ -78,7 +79,10 @@ def _saved_config(path: Path) -> RunConfig:
         if not isinstance(bounds, dict):
             raise InputError(path, key, f"expected a mapping of primitive to a number, got {bounds!r}")
         for name, bound in bounds.items():
+            if getattr(PRIMITIVE_BY_NAME.get(name), "unit", None) != "us":
+                raise InputError(path, f"{key}.{name}", "expected the name of a µs primitive")
             checks.number(bound, path, f"{key}.{name}")
+    _check_search_fields(saved, path)
     saved.setdefault("scatter_steps", False)  # a run from before the step scatter resumes without it
     checks.boolean(saved["scatter_steps"], path, "scatter_steps")
     if saved.get("step_scatter") is not None:
@@ -89,6 +93,37 @@ def _saved_config(path: Path) -> RunConfig:
     saved.setdefault("load_draws", 1)  # a run from before the draws resumes with one
     checks.number(saved["load_draws"], path, "load_draws", integer=True, upper=MAX_LOAD_DRAWS)
     return RunConfig.from_dict(saved)
+
+
+def _check_search_fields(saved: dict, path: Path) -> None:
+    """The fields a resumed search reads, held to what the command line or the defaults
+    would have given (a damaged run.json must not start a search that scores nothing)."""
+    for name, least, most in (("max_depth", 1, 64), ("max_size", 1, 10_000), ("checkpoint_every", 1, 10**6)):
+        if name in saved:
+            value = checks.number(saved[name], path, name, integer=True, upper=most)
+            if value < least:
+                raise InputError(path, name, f"expected at least {least}, got {value!r}")
+    for name in ("calibration_rounds", "refresh_every", "closed_loop_checks"):
+        if name in saved:
+            checks.number(saved[name], path, name, integer=True, allow_zero=True, upper=10**6)
+    if "replay_weight" in saved:
+        checks.number(saved["replay_weight"], path, "replay_weight", allow_zero=True, upper=1e6)
+    if "validation_fraction" in saved:
+        fraction = checks.number(saved["validation_fraction"], path, "validation_fraction", allow_zero=True)
+        if fraction >= 1:
+            raise InputError(path, "validation_fraction", f"expected a fraction in [0, 1), got {fraction!r}")
+    for i, item in enumerate(saved.get("data", [])):
+        checks.text(item, path, f"data[{i}]", "a path")
+    for name in PATH_FIELDS:
+        if saved.get(name) is not None:
+            checks.text(saved[name], path, name, "a path")
+    if "efficiency_bounds" in saved:
+        bounds = saved["efficiency_bounds"]
+        if not (isinstance(bounds, list) and len(bounds) == 2):
+            raise InputError(path, "efficiency_bounds", f"expected [LO, HI], got {bounds!r}")
+        lo, hi = (checks.number(b, path, "efficiency_bounds") for b in bounds)
+        if lo > hi:
+            raise InputError(path, "efficiency_bounds", f"expected LO <= HI, got {bounds!r}")
 
 
 def resumed_config(config: RunConfig, given: set[str]) -> RunConfig:

@@ -207,7 +207,7 @@ def _run(config: RunConfig, ui, termination: Termination) -> list:
         fingerprint = f"{fingerprint}+{experiments_fingerprint(Path(config.experiments))}"
     owner = {"run_token": config.run_token, "fingerprint": fingerprint}
     run_dir = RunDir(root)
-    saved = None
+    saved = resumed = None
     if config.resume:  # verified before any work: never a silent restart from generation 0
         if not run_dir.checkpoint.is_file():
             raise InputError(run_dir.checkpoint, "--resume", "no checkpoint to resume from; start a new run instead")
@@ -215,11 +215,17 @@ def _run(config: RunConfig, ui, termination: Termination) -> list:
             raise InputError(
                 run_dir.archive, "--resume", "the run's archive is missing; restore it, or start a new run instead"
             )
+        with ArchiveStore(run_dir.archive, create=False, read_only=True) as store:
+            resumed = store.resumable_run()  # whole; its run keeps its id in a renamed directory
+            front = store.front(resumed.run_id)
         saved = Search.peek_checkpoint(run_dir.checkpoint, owner)
         if config.generations < saved.generation:
             raise InputError(
                 "--generations", None, f"the run in {root} is at generation {saved.generation}; give at least that"
             )
+        if resumed.status == "finished" and config.generations == saved.generation:  # nothing to re-record
+            ui.log(f"the run in {root} finished at generation {saved.generation}; give more --generations to go on")
+            return front
     replay_model = None
     if config.experiments:
         rows, replay_model = calibrated_replay_rows(
@@ -230,7 +236,7 @@ def _run(config: RunConfig, ui, termination: Termination) -> list:
 
     signal.setitimer(signal.ITIMER_REAL, 0)  # set-up is over: from here Termination decides
     root = writable_dir(root, "--run-dir")
-    run_id = root.name
+    run_id = resumed.run_id if config.resume else root.name
     meta = {"run_id": run_id, "fingerprint": fingerprint, "seed": config.seed, "config": config.to_dict()}
     # the lock, then the pool (or the Dask connection): a bad --scheduler leaves no half-started run
     with RunLock(root), Evaluator(ctx, config.jobs, config.backend, config.scheduler) as evaluator:

@@ -23,7 +23,15 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
 from archive.entry import ArchiveEntry
-from evolve.report import ERROR_COLUMNS, display_expression, fmt_fraction, fmt_number, mapping_table, print_entries
+from evolve.report import (
+    ERROR_COLUMNS,
+    display_expression,
+    fmt_fraction,
+    fmt_number,
+    make_console,
+    mapping_table,
+    print_entries,
+)
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -58,7 +66,7 @@ class RunUI:
         min_interval_s: float = 5.0,
         stream: IO[str] | None = None,
     ):
-        self.console = console or Console()
+        self.console = console or make_console()
         self.quiet = (not self.console.is_terminal) if quiet is None else quiet
         self.min_interval_s = min_interval_s
         self._stream = stream

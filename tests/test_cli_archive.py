@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -135,6 +137,78 @@ def test_tables_show_constants_to_six_digits_and_json_keeps_them_exact(tmp_path:
     assert "11.837 + 1601.92*tp" in out and "1601.9195" not in out
     assert main(["archive", "list", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["expression"] == expr
+
+
+def _damage(archive: Path, change: str | tuple[str, object]) -> None:
+    """CHANGE: an SQL statement, or (field, value) set in every entry's payload."""
+    con = sqlite3.connect(archive)
+    with con:
+        if isinstance(change, str):
+            con.execute(change)
+        else:
+            for rowid, payload in con.execute("SELECT rowid, payload FROM entries").fetchall():
+                d = {**json.loads(payload), change[0]: change[1]}
+                con.execute("UPDATE entries SET payload = ? WHERE rowid = ?", (json.dumps(d), rowid))
+    con.close()
+
+
+@pytest.mark.parametrize(
+    "change,needles",
+    [
+        (("objectives", "x"), ["objectives", "expected dict"]),
+        (("expression", 5), ["expression", "expected str"]),
+        (("expression", "f((("), ["expression", "not an expression"]),
+        (("overheads", [1]), ["overheads", "expected dict"]),
+        (("complexity", "abc"), ["complexity", "expected int"]),
+        (("constants", ["a"]), ["constants", "items"]),
+        ("UPDATE generations SET front_ids = '{oops'", ["generations.front_ids", "damaged"]),
+        ("UPDATE generations SET front_ids = '5'", ["generations.front_ids", "list of entry ids"]),
+        ("UPDATE runs SET config_json = '[1]'", ["runs.config_json", "mapping"]),
+    ],
+)
+def test_a_hand_damaged_archive_is_one_line_naming_the_field(project: Path, capsys, change, needles):
+    """Entries are checked as they are read, so no command meets a field of the wrong kind later."""
+    _damage(project / "archive.sqlite", change)
+    commands = [["archive", "list"], ["archive", "best", "--json"]]
+    if "generations" not in str(change):  # show reads the entry, not the front's list of ids
+        commands.append(["archive", "show", FRONT[1].id])
+    for command in commands:
+        assert main(command) == 2, command
+        line = one_error_line(capsys)
+        assert "archive.sqlite" in line and all(n in line for n in needles), line
+
+
+def test_a_latest_file_that_is_not_text_is_one_line(project: Path, capsys):
+    (project.parent / "LATEST").write_bytes(b"\xff\xfe\x00garbage")
+    assert main(["archive", "best"]) == 2
+    assert "LATEST" in one_error_line(capsys)
+
+
+def test_a_reader_that_goes_away_ends_the_listing_quietly(project: Path):
+    """`archive list | head -1`: rich's console would exit 1; ours ends with 0 and no message."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "evolve", "archive", "list", "--all"],
+        cwd=project.parents[1],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "80", "PYTHONPATH": str(REPO)},
+    )
+    proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=60) == 0
+    assert proc.stderr.read() == b""
+
+
+def test_a_path_this_user_may_not_open_is_one_line_exit_2(project: Path, capsys, monkeypatch):
+    """Root reads through permission bits, so the refusal is raised where the archive is opened."""
+    import evolve.cli
+
+    def refuse(run_dir):
+        raise PermissionError(13, "Permission denied", "runs/closed/archive.sqlite")
+
+    monkeypatch.setattr(evolve.cli, "_open_store", refuse)
+    assert main(["archive", "list"]) == 2
+    assert one_error_line(capsys) == "error: runs/closed/archive.sqlite: permission denied"
 
 
 def test_unknown_id_is_one_line(project: Path, capsys):

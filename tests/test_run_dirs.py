@@ -116,6 +116,16 @@ def test_a_run_records_where_it_was_made_and_a_resume_elsewhere_says_so(done, ca
         (lambda d: (d / "run.json").write_text('{"generations": 1}'), ["run.json", "population", "missing"]),
         (lambda d: _swap_token(d / "run.json"), ["checkpoint.pkl", "run_token", "another run"]),
         (lambda d: (d / "archive.sqlite").unlink(), ["archive.sqlite", "--resume", "missing"]),
+        (lambda d: (d / "archive.sqlite").write_bytes(b""), ["archive.sqlite", "no archive schema"]),
+        (lambda d: _garble_a_page(d / "archive.sqlite"), ["archive.sqlite", "damaged", "malformed"]),
+        # every field a resumed search reads is held to what the command line would take
+        (lambda d: _edit_run_json(d / "run.json", checkpoint_every=None), ["checkpoint_every", "missing"]),
+        (lambda d: _edit_run_json(d / "run.json", max_depth=0), ["run.json", "max_depth", "positive"]),
+        (lambda d: _edit_run_json(d / "run.json", efficiency_bounds=[4, 1]), ["efficiency_bounds", "LO <= HI"]),
+        (lambda d: _edit_run_json(d / "run.json", validation_fraction=1.0), ["validation_fraction", "[0, 1)"]),
+        (lambda d: _edit_run_json(d / "run.json", replay_weight="x"), ["replay_weight", "expected a number"]),
+        (lambda d: _edit_run_json(d / "run.json", efficiency_caps={"nope": 1.2}), ["efficiency_caps.nope", "µs"]),
+        (lambda d: _edit_run_json(d / "run.json", data=[1]), ["run.json", "data[0]", "path"]),
     ],
 )
 def test_a_resume_never_restarts_from_zero_silently(damage, needles, done, capsys):
@@ -130,6 +140,35 @@ def _flip_a_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
+
+
+def _garble_a_page(path: Path) -> None:
+    """sqlite's page 2 (a table's b-tree) overwritten: the header still opens, a read fails."""
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    data[page : 2 * page] = b"\xab" * page
+    path.write_bytes(bytes(data))
+
+
+def test_a_resume_of_a_finished_run_with_nothing_to_do_writes_nothing(done, capsys):
+    """Its front was scored by the code that made it: re-recording it would change it silently."""
+    before = snapshot(done)
+    rc, out, err = call(["run", "--generations", "1", "--resume", "runs/a"], capsys)
+    assert rc == 0 and "finished at generation 1; give more --generations" in out + err, out + err
+    assert snapshot(done) == before
+
+
+def test_a_renamed_run_directory_resumes_its_own_run(done, work, capsys):
+    """The run keeps its id (not the directory's new name), so its front and data check go on."""
+    done.rename(work / "runs" / "moved")
+    rc, _, err = call(["run", "--generations", "2", "--resume", "runs/moved"], capsys)
+    assert rc == 0, err
+    con = sqlite3.connect(f"file:{work / 'runs' / 'moved' / 'archive.sqlite'}?mode=ro", uri=True)
+    try:
+        assert con.execute("SELECT run_id, status FROM runs").fetchall() == [("a", "finished")]
+    finally:
+        con.close()
+    assert generations_of(work / "runs" / "moved") == 2
 
 
 def _swap_token(path: Path) -> None:
