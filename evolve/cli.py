@@ -386,11 +386,17 @@ def cmd_export_go(args: argparse.Namespace) -> int:
         raise InputError("--name", None, "names a BLIS backend: give it with --blis CHECKOUT")
     from translate_go.targets import check_package_name, choose_deployment
 
-    if args.blis is None:
-        check_package_name(args.package)  # before any work
     with _open_store(args.run_dir) as store:
         entry = store.get(args.id)
         run_dir = Path(store.path).parent
+    if args.blis is None:  # the target is checked before any output
+        check_package_name(args.package)
+        out = writable_dir(args.out, "--out")
+    else:
+        from translate_go.blis_checkout import check_backend_name, check_checkout
+
+        check_backend_name(args.name or "stepsynth")
+        check_checkout(Path(args.blis))
     resolver = _resolver(args)
     deployment, how = choose_deployment(entry, run_dir, resolver, args.model, args.tp, args.gpu)
     import textwrap
@@ -409,7 +415,6 @@ def cmd_export_go(args: argparse.Namespace) -> int:
     else:
         from translate_go.export import export_go
 
-        out = writable_dir(args.out, "--out")
         written, changes = export_go(entry, deployment, out, args.package, args.interface), []
     print("\n".join([f"wrote {path}" for path in written] + changes))
     return 0

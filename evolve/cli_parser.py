@@ -53,6 +53,15 @@ _positive_float = _number_arg(
 
 
 # -- parser -------------------------------------------------------------------------
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("stepsynth")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def _add_run_dir(
     p: argparse.ArgumentParser, help: str = "run directory (default: the one named in ./runs/LATEST)"
 ) -> None:
@@ -79,6 +88,7 @@ def _entry_command(sub, name: str, help: str, handler) -> argparse.ArgumentParse
 def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
     """The command line; HANDLERS: the function of each command (``run``, ``archive_list``, ...)."""
     parser = OneLineParser(prog=PROG, description="Evolve vLLM step-time models and export them to BLIS (Go).")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("run", help="run a search", description="Run a GP search; results go to a run directory.")
@@ -223,4 +233,22 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
     _add_run_dir(p)
     _add_resolver_options(p)
     p.set_defaults(handler=handlers["export_go"])
+    _refuse_blank_values(parser)
     return parser
+
+
+def _nonblank(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a value, got an empty one")
+    return text
+
+
+def _refuse_blank_values(parser: argparse.ArgumentParser) -> None:
+    """Every option taking text (a path, a name, an id) refuses an empty value: --out ""
+    would otherwise write into the current directory, --report "" write nothing, silently."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in set(action.choices.values()):
+                _refuse_blank_values(command)
+        elif isinstance(action, (argparse._StoreAction, argparse._AppendAction)) and action.type is None:
+            action.type = _nonblank

@@ -140,7 +140,10 @@ class Deployment:
         """The step-cost lookups built from the GPU's measured kernels, for this model and TP."""
         if self.gpu.kernel_dir is None:
             raise InputError(
-                self.gpu.name, "--kernels", "no measured kernel tables for this GPU (give a folder like H100's)"
+                "--kernels",
+                None,
+                f"no measured kernel tables for the GPU {self.gpu.name!r} (built in: the H100 SXM's); give its"
+                " tables' folder, laid out like H100's, or name the datasheet's GPU (its field 'name')",
             )
         return kernel_tables(self.gpu.kernel_dir, self.model, self.tp)
 

@@ -236,8 +236,9 @@ class MeasuredKernels:
         for p in sorted((self.directory / "attention_prefill").glob("*.csv")):
             self._prefill[_table_key(p, 3, tp=False)] = _prefill_points(p)
         self._kv_prices: dict[float, list[float]] = {}  # HBM bytes/µs -> marginal KV byte prices
-        if not self._decode_rows or not self._prefill:
-            raise InputError(self.directory, "attention_decode", "expected decode and prefill attention tables")
+        for folder, tables in (("attention_decode", self._decode_rows), ("attention_prefill", self._prefill)):
+            if not tables:
+                raise InputError(self.directory, folder, "expected a folder of attention tables (*.csv) here")
 
     # matmul ----------------------------------------------------------------
     def gemm_us(self, m: np.ndarray, k: float, n: float) -> np.ndarray:

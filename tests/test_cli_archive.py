@@ -211,6 +211,33 @@ def test_a_path_this_user_may_not_open_is_one_line_exit_2(project: Path, capsys,
     assert one_error_line(capsys) == "error: runs/closed/archive.sqlite: permission denied"
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["export-go", "x", "--out", ""],
+        ["validate", "x", "--experiments", "e", "--report", " "],
+        ["archive", "show", ""],
+        ["run", "--generations", "1", "--data", ""],
+    ],
+)
+def test_an_empty_value_is_refused_not_taken_for_the_current_directory(project: Path, capsys, argv):
+    assert main(argv) == 2
+    assert "expected a value, got an empty one" in one_error_line(capsys)
+    assert not (project.parents[1] / "step_time.go").exists()
+
+
+def test_export_go_checks_its_target_before_it_prints_anything(project: Path, capsys):
+    (project.parents[1] / "a_file").write_text("x")
+    assert main(["export-go", FRONT[1].id, "--out", "a_file/pkg"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "--out" in err, err
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("python -m evolve ")
+
+
 def test_unknown_id_is_one_line(project: Path, capsys):
     assert main(["archive", "show", "ffffffffffff"]) == 2
     line = one_error_line(capsys)
