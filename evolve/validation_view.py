@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from evolve.report import fmt_number, short_experiment_name
+from evolve.report import fmt_cell, short_experiment_name
 from fitness.step_scatter import describe_scatter
 
 # ``validate``'s modes (evolve.validation): mode -> (what the command does, the table's title suffix)
@@ -20,7 +20,7 @@ VALIDATE_MODES: dict[str | None, tuple[str, str]] = {
     "lowo": ("leave-one-workload-out refits and closed-loop runs", "leave one workload out"),
     "stage-transfer": (
         "low-rate-stage refit and closed-loop runs",
-        "fitted on low-rate stages, checked on high-rate stages",
+        "stage transfer: high-rate stages held out",
     ),
 }
 # (metric, stat) columns of the error table, and the latencies' display names and units
@@ -43,9 +43,7 @@ def experiment_label(item: dict) -> str:
     name = short_experiment_name(item["name"])
     if "held_out_stage" in item:  # stage transfer: one row per high-rate stage
         name += f" (stage {item['held_out_stage']})"
-    elif item.get("held_out_model") or item.get("held_out_workload"):
-        name += " (held out)"
-    return name
+    return name  # a held-out model or workload: every row is one, as the title says
 
 
 def fmt_error(value: float | None) -> str:
@@ -152,14 +150,17 @@ def summary_table(summary: dict, title: str = "Summary: |error| of the experimen
         elif key.startswith("failure_fraction_diff_pp_"):
             rows.setdefault("failed (pp)", {})[key.rsplit("_", 1)[1]] = value
         else:
-            other.append(f"{key} {fmt_number(value)}")
+            other.append(f"{key.replace('_', ' ')} {fmt_cell(key, value)}")
     pct = lambda x: "—" if x is None else f"{100 * x:.1f}%" if abs(x) < 10 else f"{100 * x:.0f}%"  # noqa: E731
     order = [f"{LABELS[m]} {stat}" for m in LABELS for stat in ("mean", "p50", "p90", "p99")]
     for label, v in sorted(rows.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)):
         fmt = fmt_value if label == "failed (pp)" else pct
         t.add_row(label, fmt(v.get("mean")), fmt(v.get("max")))
-    t.caption = ", ".join(other) or None
-    return t
+    if not other:
+        return t
+    from rich.console import Group  # the counts below it, wrapped at the terminal's width, not the table's
+
+    return Group(t, ", ".join(other))
 
 
 def scatter_note(result: dict) -> str:
@@ -170,7 +171,7 @@ def scatter_note(result: dict) -> str:
 def print_validation(console, result: dict, title: str) -> None:
     """Every table of a validation (the per-held-out-group summaries too) and the plot's path."""
     console.print(means_table(result, f"{title}: means, predicted / observed"))
-    console.print(errors_table(result, f"{title}: errors, predicted / observed - 1"))
+    console.print(errors_table(result, f"{title}: errors (pred / obs - 1)"))
     if result.get("ranking"):
         console.print(ranking_table(result["ranking"]))
     console.print(summary_table(result.get("summary", {})))
@@ -286,8 +287,13 @@ HELD_OUT_COLUMNS = {  # the mean latencies' errors: every statistic is in the JS
 
 def held_out_table(groups: dict, what: str):
     """Per held-out model or workload: mean and worst |error| of the mean E2E, TTFT and ITL."""
-    from evolve.report import fmt_fraction, rows_table
+    from rich.console import Group
 
-    pct = lambda x: fmt_fraction(x) if isinstance(x, (int, float)) else "-"  # noqa: E731
-    rows = [{what: g, **{label: pct(v.get(k)) for k, label in HELD_OUT_COLUMNS.items()}} for g, v in groups.items()]
-    return rows_table(rows, title=f"per held-out {what}: |error| of the means (all statistics: --json)")
+    t = _table(None)
+    t.add_column(what, overflow="fold", ratio=1)
+    for label in HELD_OUT_COLUMNS.values():
+        t.add_column(label, justify="right", no_wrap=True)
+    pct = lambda x: f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "—"  # noqa: E731
+    for g, v in groups.items():
+        t.add_row(g, *(pct(v.get(k)) for k in HELD_OUT_COLUMNS))
+    return Group(f"\nper held-out {what}: |error| of the means (all statistics: --json)", t)

@@ -157,6 +157,21 @@ def test_validate_tables_fit_80_columns(validated):
         assert words in text
 
 
+def test_a_transfer_check_keeps_its_names_whole_and_its_counts_readable(validated):
+    """--lomo: the held-out models' table names each model unbroken, within 80 columns, and
+    the summary's counts read as words below its table, not as keys squeezed into a caption."""
+    res, _ = validated
+    groups = {"CodeLlama-34b-Instruct-hf": {"e2e_error_mean": 0.0178, "e2e_error_max": 0.0178}}
+    groups["Llama-2-7b-hf"] = {k: 1.1868 for k in ("e2e_error_mean", "ttft_error_max", "itl_error_max")}
+    summary = {**res["summary"], "experiments": 3, "e2e_error_mean_over_models": 0.132977, "models": groups}
+    lines = _lines(lambda c: print_validation(c, {**res, "summary": summary}, "Validation of abc123 (leave one out)"))
+    assert max(len(line) for line in lines) <= 80
+    text = "\n".join(lines)
+    assert "CodeLlama-34b-Instruct-hf" in text and "118.7%" in text
+    assert "e2e error mean over models 13.30%" in text and "e2e_error" not in text
+    assert "(held out)" not in text  # the title says what is held out, every row is
+
+
 def test_long_expressions_go_below_the_table():
     long = " + ".join(f"{i}.5*kv_tokens*batch_size" for i in range(12))
     entries = [replace(entry(e), id=f"id{i:010d}") for i, e in enumerate(["2.0*decode_tokens", long])]
