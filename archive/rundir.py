@@ -151,7 +151,8 @@ def locate_archive(run_dir: str | os.PathLike | None, base: str | os.PathLike | 
         if given.is_file():
             return given
         if not given.is_dir():
-            raise InputError(given, "--run-dir", "no such run directory")
+            why = "not a run directory (nor an archive file)" if given.exists() else "no such run directory"
+            raise InputError(given, "--run-dir", why)
         archive = RunDir(given).archive
         if not archive.is_file():
             raise InputError(

@@ -335,8 +335,9 @@ class ArchiveStore:
                     "SELECT id, generation, on_front, payload FROM entries WHERE run_id = ? AND id = ?",
                     (run_id, entry_id),
                 ).fetchone()
-                if row is not None:
-                    rows.append(row)
+                if row is None:  # every listed entry is stored with its generation
+                    raise self._damaged(f"entry {entry_id}", LookupError("listed by a generation, not stored"))
+                rows.append(row)
         config = self._run_config(run_id, config_json)
         out = []
         for entry_id, generation, on_front, payload in rows:

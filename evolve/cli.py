@@ -99,7 +99,9 @@ def _plots_dir(run_dir: str | None) -> Path:
 def _front_or_fail(store) -> list[ArchiveEntry]:
     front = store.front()
     if not front:
-        raise InputError(store.path, None, "no generation recorded yet; wait for the run's first generation")
+        last = store.last_generation()
+        why = "no generation recorded yet" if last is None else f"generation {last} recorded an empty front"
+        raise InputError(store.path, None, f"{why}; wait for the run's first generation, or resume or rerun it")
     return front
 
 

@@ -132,7 +132,8 @@ def resumed_config(config: RunConfig, given: set[str]) -> RunConfig:
     root = Path(config.resume)
     saved = RunDir(root).run_config
     if not saved.is_file():
-        raise InputError(root, "--resume", f"not a run directory (no {saved.name})")
+        what = f"{saved.name} is not a file" if saved.exists() else f"no {saved.name}"
+        raise InputError(root, "--resume", f"not a run directory ({what})")
     old = _saved_config(saved)
     if config.run_dir and Path(config.run_dir).resolve() != root.resolve():
         raise InputError("--run-dir", None, f"contradicts --resume {root}; give only --resume")

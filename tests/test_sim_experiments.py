@@ -209,6 +209,19 @@ def test_bad_profile_json(tmp_path):
     _expect(e, "profile.yaml", None)
 
 
+def test_data_the_simulator_does_not_generate_is_refused(tmp_path):
+    d = _make(tmp_path, results_config=False)
+    (d / "profile.yaml").write_text(json.dumps({**PROFILE, "data": {**PROFILE["data"], "type": "mystery"}}))
+    with pytest.raises(InputError) as e:
+        load_experiment(d)
+    _expect(e, "profile.yaml", "data.type")
+    d = _make(tmp_path / "b")
+    (d / "results" / "config.yaml").write_text(RESULTS_CONFIG.replace("data:", "data:\n  type: random", 1))
+    with pytest.raises(InputError) as e:
+        load_experiment(d)
+    _expect(e, "config.yaml", "data.type")
+
+
 def test_bad_metrics(tmp_path):
     d = _make(tmp_path)
     bad = _summary()

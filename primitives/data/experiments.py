@@ -191,8 +191,16 @@ def _parse_stages(load: Any, path: Path, prefix: str) -> tuple[tuple[float, floa
 _SHAPE_FIELDS = ("system_prompt_len", "question_len", "output_len")
 
 
+def _shared_prefix(cfg: dict, path: Path) -> object:
+    """The shared-prefix data shape; the simulator generates no other kind of data."""
+    kind = _get(cfg, "data.type", path, "shared_prefix")
+    if kind != "shared_prefix":
+        raise InputError(path, "data.type", f"expected shared_prefix (the data the simulator generates), got {kind!r}")
+    return _get(cfg, "data.shared_prefix", path)
+
+
 def _shape_from_results(cfg: dict, path: Path) -> dict[str, int]:
-    sp = _get(cfg, "data.shared_prefix", path)
+    sp = _shared_prefix(cfg, path)
     if not isinstance(sp, dict):
         raise InputError(path, "data.shared_prefix", "expected a mapping (the shared-prefix data shape)")
     shape = {
@@ -210,7 +218,7 @@ def _check_users(shape: dict[str, int], path: Path) -> dict[str, int]:
 
 
 def _shape_from_profile(prof: dict, path: Path) -> dict[str, int]:
-    sp = _get(prof, "data.shared_prefix", path)
+    sp = _shared_prefix(prof, path)
     if not isinstance(sp, dict):
         raise InputError(path, "data.shared_prefix", "expected a mapping (the shared-prefix data shape)")
     shape = {

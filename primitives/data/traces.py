@@ -154,6 +154,8 @@ def _read_table(path: Path) -> pd.DataFrame:
 
 def _numeric(df: pd.DataFrame, col: str, path: Path, expected: str) -> np.ndarray:
     raw = df[col]
+    if pd.api.types.is_bool_dtype(raw):  # to_numeric takes True for 1: a TP of True is no TP
+        raise InputError(path, col, f"a column of true/false values; expected {expected}")
     values = pd.to_numeric(raw, errors="coerce")
     bad = values.isna() & raw.notna()
     if bad.any():
