@@ -401,13 +401,6 @@ def cmd_export_go(args: argparse.Namespace) -> int:
         check_checkout(Path(args.blis))
     resolver = _resolver(args)
     deployment, how = choose_deployment(entry, run_dir, resolver, args.model, args.tp, args.gpu)
-    import textwrap
-
-    chosen = f"deployment: {deployment.model.name} TP{deployment.tp} on {deployment.gpu.name} ({how})"
-    print(textwrap.fill(chosen, 80, subsequent_indent="  "))  # the other deployments' list can be long
-    from evolve.report import print_coverage_note
-
-    print_coverage_note(entry, run_dir, resolver)
     if args.blis is not None:
         from translate_go.blis_export import export_blis
 
@@ -418,7 +411,14 @@ def cmd_export_go(args: argparse.Namespace) -> int:
         from translate_go.export import export_go
 
         written, changes = export_go(entry, deployment, out, args.package, args.interface), []
+    import textwrap
+
+    from evolve.report import print_coverage_note
+
+    chosen = f"deployment: {deployment.model.name} TP{deployment.tp} on {deployment.gpu.name} ({how})"
+    print(textwrap.fill(chosen, 80, subsequent_indent="  "))  # the other deployments' list can be long
     print("\n".join([f"wrote {path}" for path in written] + changes))
+    print_coverage_note(entry, run_dir, resolver)
     return 0
 
 

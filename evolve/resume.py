@@ -117,6 +117,14 @@ def _check_search_fields(saved: dict, path: Path) -> None:
     for name in PATH_FIELDS:
         if saved.get(name) is not None:
             checks.text(saved[name], path, name, "a path")
+    inputs = [(f"data[{i}]", d) for i, d in enumerate(saved.get("data", []))]
+    for name, value in inputs + [(n, saved.get(n)) for n in PATH_FIELDS]:
+        if value is not None and not Path(value).exists():  # the run's inputs moved since it started
+            raise InputError(path, name, f"{value} is gone; restore it there to resume this run")
+    caps, floors = saved.get("efficiency_caps", {}), saved.get("efficiency_floors", {})
+    for name in caps.keys() & floors.keys():
+        if floors[name] > caps[name]:  # both are measured from one kernel table: never so
+            raise InputError(path, f"efficiency_floors.{name}", f"{floors[name]} is above its cap {caps[name]}")
     if "efficiency_bounds" in saved:
         bounds = saved["efficiency_bounds"]
         if not (isinstance(bounds, list) and len(bounds) == 2):

@@ -7,6 +7,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -312,11 +313,20 @@ def test_a_model_fitted_on_few_deployments_says_so(tmp_path: Path, monkeypatch: 
     assert "2 deployments (llama-2-70b TP4, codellama-34b TP2)" in note and "(34.5, 33.7 GB)" in note
     assert f"evolve score {FRONT[1].id} --data DIR --lodo" in note
     assert max(len(line) for line in out[out.index("note:") :].splitlines()) <= 80
-    # export-go says the same after the deployment it bakes in (then refuses these hand-filled
-    # entries' made-up overhead, which is not the point here)
-    main(["export-go", FRONT[1].id, "--run-dir", str(run_dir), "--out", str(tmp_path / "go")])
+    # export-go says the same after what it wrote, and nothing where it refuses the export
+    # (these hand-filled entries' made-up overhead)
+    assert main(["export-go", FRONT[1].id, "--run-dir", str(run_dir), "--out", str(tmp_path / "go")]) == 2
+    assert capsys.readouterr().out == ""
+    real = replace(entry("1.1*gemm_time_us + 1.2*kv_io_time_us", 7, 0.1, 0.1), overheads={})
+    with ArchiveStore(run_dir / "archive.sqlite") as store:
+        store.record_generation("run-1", 4, [real], [real], {})
+    assert main(["export-go", real.id, "--run-dir", str(run_dir), "--out", str(tmp_path / "go")]) == 0, (
+        capsys.readouterr()
+    )
     out = capsys.readouterr().out
-    assert out.index("deployment: Llama-2-70b-hf TP4") < out.index("note: fitted on 2 deployments")
+    assert (
+        out.index("deployment: Llama-2-70b-hf TP4") < out.index("wrote ") < out.index("note: fitted on 2 deployments")
+    )
     # data that moved, or a damaged record: nobody can tell, so no note and no error
     for data in ([str(tmp_path / "two.csv"), str(tmp_path / "gone.csv")], 5, "two.csv"):
         other = tmp_path / "runs" / f"r{len(str(data))}"

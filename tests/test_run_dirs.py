@@ -126,6 +126,13 @@ def test_a_run_records_where_it_was_made_and_a_resume_elsewhere_says_so(done, ca
         (lambda d: _edit_run_json(d / "run.json", replay_weight="x"), ["replay_weight", "expected a number"]),
         (lambda d: _edit_run_json(d / "run.json", efficiency_caps={"nope": 1.2}), ["efficiency_caps.nope", "µs"]),
         (lambda d: _edit_run_json(d / "run.json", data=[1]), ["run.json", "data[0]", "path"]),
+        (lambda d: _edit_run_json(d / "run.json", data=["/gone/t.csv"]), ["run.json", "data[0]", "/gone/t.csv"]),
+        (
+            lambda d: _edit_run_json(
+                d / "run.json", efficiency_caps={"kv_io_time_us": 1.16}, efficiency_floors={"kv_io_time_us": 5.0}
+            ),
+            ["efficiency_floors.kv_io_time_us", "above its cap"],
+        ),
     ],
 )
 def test_a_resume_never_restarts_from_zero_silently(damage, needles, done, capsys):
