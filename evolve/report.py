@@ -126,7 +126,7 @@ def entry_record(entry: ArchiveEntry) -> dict:
 # -- generic tables -------------------------------------------------------------------
 def print_entries(console, entries: list[ArchiveEntry], recommended_id: str | None = None, title: str | None = None):
     """The entries table, with the expressions in a column when every one fits beside the
-    other columns unwrapped, else below the table, one line each (the terminal wraps them)."""
+    other columns unwrapped, else below the table, each wrapped between its terms."""
     longest = max((len(display_expression(e.expression)) for e in entries), default=0)
     narrow = entries_table(entries, recommended_id, title, expressions=False)
     room = console.width - console.measure(narrow).maximum - 3  # the column's border and padding
@@ -135,10 +135,21 @@ def print_entries(console, entries: list[ArchiveEntry], recommended_id: str | No
         return
     console.print(narrow)
     console.print("expressions (step time, µs; constants to 6 digits, --json: exact):", markup=False, highlight=False)
+    import textwrap
+
     for e in entries:
         mark = "*" if e.id == recommended_id else " "
-        line = f"{mark} {e.id}  {display_expression(e.expression)}"
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
+        head = f"{mark} {e.id}  "
+        # spaces only between terms and operators: a coefficient*primitive is never split
+        text = textwrap.fill(
+            display_expression(e.expression),
+            max(console.width, 40),
+            initial_indent=head,
+            subsequent_indent=" " * len(head),
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def entries_table(

@@ -178,7 +178,9 @@ def test_long_expressions_go_below_the_table():
     lines = _lines(lambda c: print_entries(c, entries, entries[1].id, "front"))
     table = lines[: next(i for i, line in enumerate(lines) if line.startswith("expressions"))]
     assert max(len(line) for line in table) <= 80 and "kv_tokens" not in "\n".join(table)
-    assert f"* {entries[1].id}  {long}" in lines  # whole, on one line (the terminal wraps it)
+    below = lines[len(table) + 2 :]  # after the first entry's line: wrapped between terms, within 80 columns
+    assert below[0].startswith(f"* {entries[1].id}  0.5*kv_tokens*batch_size + ") and len(below) > 1
+    assert max(len(line) for line in below) <= 80 and " ".join(" ".join(below).split()[2:]) == long
     short = _lines(lambda c: print_entries(c, entries[:1], None, "front"))
     assert any("2*decode_tokens" in line and "id0000000000" in line for line in short)  # in its column; 2.0 shows as 2
 
