@@ -13,13 +13,14 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
 from archive.entry import ArchiveEntry
 from evolve.cli_parser import PROG, build_parser
-from evolve.report import clean, entry_record, fmt_cell, make_console
+from evolve.report import clean, entry_record, fmt_cell, make_console, print_coverage_note
 from primitives.errors import InputError, writable_dir
 from primitives.files import atomic_write_text, regular_target
 
@@ -232,7 +233,7 @@ def cmd_archive_best(args: argparse.Namespace) -> int:
     if args.json:
         print(_dumps(record))
         return 0
-    from evolve.report import print_coverage_note, print_entries
+    from evolve.report import print_entries
 
     console = _console()
     print_entries(console, [best], best.id, title="Recommended model")
@@ -391,30 +392,22 @@ def cmd_export_go(args: argparse.Namespace) -> int:
     with _open_store(args.run_dir) as store:
         entry = store.get(args.id)
         run_dir = Path(store.path).parent
-    if args.blis is None:  # the target is checked before any output
-        check_package_name(args.package)
-        out = writable_dir(args.out, "--out")
-    else:
-        from translate_go.blis_checkout import check_backend_name, check_checkout
-
-        check_backend_name(args.name or "stepsynth")
-        check_checkout(Path(args.blis))
     resolver = _resolver(args)
     deployment, how = choose_deployment(entry, run_dir, resolver, args.model, args.tp, args.gpu)
-    if args.blis is not None:
+    if args.blis is not None:  # the target is checked (and --out made) once all else holds
+        from translate_go.blis_checkout import check_backend_name, check_checkout
         from translate_go.blis_export import export_blis
 
-        name = args.name or "stepsynth"
+        name = check_backend_name(args.name or "stepsynth")
+        check_checkout(Path(args.blis))
         written, changes = export_blis(entry, deployment, Path(args.blis), name, resolver=resolver)
         changes.append(f"backend {name!r}: blis run --latency-model {name} --model M --tp N --hardware GPU")
     else:
         from translate_go.export import export_go
 
+        check_package_name(args.package)
+        out = writable_dir(args.out, "--out")
         written, changes = export_go(entry, deployment, out, args.package, args.interface), []
-    import textwrap
-
-    from evolve.report import print_coverage_note
-
     chosen = f"deployment: {deployment.model.name} TP{deployment.tp} on {deployment.gpu.name} ({how})"
     print(textwrap.fill(chosen, 80, subsequent_indent="  "))  # the other deployments' list can be long
     print("\n".join([f"wrote {path}" for path in written] + changes))
@@ -466,7 +459,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except PermissionError as exc:  # a path given that this user may not open: bad input too
-        print(f"error: {exc.filename or exc.filename2 or '?'}: permission denied", file=sys.stderr)
+        if not exc.filename:  # no path: a process or a semaphore, not the user's input
+            return _crashed(exc, argv)
+        print(f"error: {exc.filename}: permission denied", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:  # a missing piece of this build or an optional package: not a user error
         print(f"error: {_one_line(exc)}", file=sys.stderr)
@@ -480,17 +475,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     except Exception as exc:  # the last net: one line and a crash log, never a bare traceback
-        from evolve.crash import interrupt_behind, is_disk_full, write_crash_log
+        return _crashed(exc, argv)
 
-        interrupt = interrupt_behind(exc)
-        if isinstance(interrupt, KeyboardInterrupt):  # a signal handled inside compiled code
-            print(_one_line(_interruption(interrupt)), file=sys.stderr)
-            return 130
 
-        if is_disk_full(exc):
-            print(f"error: disk full ({_one_line(exc)}); the archive keeps its last whole generation", file=sys.stderr)
-            return 1
-        log = write_crash_log(exc, list(argv if argv is not None else sys.argv[1:]))
-        where = f"; traceback in {log}" if log else ""
-        print(f"error: unexpected {type(exc).__name__}: {_one_line(exc)[:300]}{where}", file=sys.stderr)
+def _crashed(exc: Exception, argv: Sequence[str] | None) -> int:
+    """An unexpected error: one line naming a crash log (an interrupt or a full disk say so)."""
+    from evolve.crash import interrupt_behind, is_disk_full, write_crash_log
+
+    interrupt = interrupt_behind(exc)
+    if isinstance(interrupt, KeyboardInterrupt):  # a signal handled inside compiled code
+        print(_one_line(_interruption(interrupt)), file=sys.stderr)
+        return 130
+    if is_disk_full(exc):
+        print(f"error: disk full ({_one_line(exc)}); the archive keeps its last whole generation", file=sys.stderr)
         return 1
+    log = write_crash_log(exc, list(argv if argv is not None else sys.argv[1:]))
+    where = f"; traceback in {log}" if log else ""
+    print(f"error: unexpected {type(exc).__name__}: {_one_line(exc)[:300]}{where}", file=sys.stderr)
+    return 1

@@ -126,7 +126,7 @@ def entry_record(entry: ArchiveEntry) -> dict:
 # -- generic tables -------------------------------------------------------------------
 def print_entries(console, entries: list[ArchiveEntry], recommended_id: str | None = None, title: str | None = None):
     """The entries table, with the expressions in a column when every one fits beside the
-    other columns unwrapped, else below the table, each wrapped between its terms."""
+    other columns unwrapped, else below the table, each wrapped at its spaces."""
     longest = max((len(display_expression(e.expression)) for e in entries), default=0)
     narrow = entries_table(entries, recommended_id, title, expressions=False)
     room = console.width - console.measure(narrow).maximum - 3  # the column's border and padding
@@ -140,7 +140,7 @@ def print_entries(console, entries: list[ArchiveEntry], recommended_id: str | No
     for e in entries:
         mark = "*" if e.id == recommended_id else " "
         head = f"{mark} {e.id}  "
-        # spaces only between terms and operators: a coefficient*primitive is never split
+        # wrapped at spaces: a coefficient*primitive has none, so it is never split
         text = textwrap.fill(
             display_expression(e.expression),
             max(console.width, 40),

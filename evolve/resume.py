@@ -98,7 +98,7 @@ def _saved_config(path: Path) -> RunConfig:
 def _check_search_fields(saved: dict, path: Path) -> None:
     """The fields a resumed search reads, held to what the command line or the defaults
     would have given (a damaged run.json must not start a search that scores nothing)."""
-    for name, least, most in (("max_depth", 1, 64), ("max_size", 1, 10_000), ("checkpoint_every", 1, 10**6)):
+    for name, least, most in (("max_depth", 1, 64), ("max_size", 1, 10_000), ("checkpoint_every", 1, None)):
         if name in saved:
             value = checks.number(saved[name], path, name, integer=True, upper=most)
             if value < least:

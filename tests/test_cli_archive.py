@@ -211,6 +211,28 @@ def test_a_path_this_user_may_not_open_is_one_line_exit_2(project: Path, capsys,
     assert main(["archive", "list"]) == 2
     assert one_error_line(capsys) == "error: runs/closed/archive.sqlite: permission denied"
 
+    def refuse_a_process(run_dir):  # no path: not the user's input, so the crash net with its log
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(evolve.cli, "_open_store", refuse_a_process)
+    assert main(["archive", "list"]) == 1
+    assert "unexpected PermissionError" in capsys.readouterr().err
+
+
+def test_an_empty_front_a_missing_entry_and_a_device_are_named(project: Path, capsys):
+    con = sqlite3.connect(project / "archive.sqlite")
+    with con:
+        con.execute("UPDATE generations SET front_ids = '[]' WHERE generation = 3")
+    assert main(["archive", "list"]) == 2
+    assert "generation 3 recorded an empty front" in one_error_line(capsys)
+    with con:
+        con.execute("UPDATE generations SET front_ids = '[\"ffffffffffff\"]' WHERE generation = 3")
+    con.close()
+    assert main(["archive", "best"]) == 2
+    assert "entry ffffffffffff" in (line := one_error_line(capsys)) and "not stored" in line
+    assert main(["archive", "list", "--run-dir", os.devnull]) == 2
+    assert "not a run directory (nor an archive file)" in one_error_line(capsys)
+
 
 @pytest.mark.parametrize(
     "argv",

@@ -126,6 +126,7 @@ def test_a_run_records_where_it_was_made_and_a_resume_elsewhere_says_so(done, ca
         (lambda d: _edit_run_json(d / "run.json", replay_weight="x"), ["replay_weight", "expected a number"]),
         (lambda d: _edit_run_json(d / "run.json", efficiency_caps={"nope": 1.2}), ["efficiency_caps.nope", "µs"]),
         (lambda d: _edit_run_json(d / "run.json", data=[1]), ["run.json", "data[0]", "path"]),
+        (lambda d: ((d / "run.json").unlink(), (d / "run.json").mkdir()), ["--resume", "run.json is not a file"]),
         (lambda d: _edit_run_json(d / "run.json", data=["/gone/t.csv"]), ["run.json", "data[0]", "/gone/t.csv"]),
         (
             lambda d: _edit_run_json(
@@ -158,11 +159,20 @@ def _garble_a_page(path: Path) -> None:
 
 
 def test_a_resume_of_a_finished_run_with_nothing_to_do_writes_nothing(done, capsys):
-    """Its front was scored by the code that made it: re-recording it would change it silently."""
-    before = snapshot(done)
+    """Its front was scored by the code that made it: re-recording it would change it silently.
+    LATEST names it again, so that `archive best` shows it."""
+    assert call(["run", *TINY, "--run-dir", "runs/b", "--seed", "1"], capsys)[0] == 0
+    before = {k: v for k, v in snapshot(done).items() if k != Path("runs/LATEST")}
     rc, out, err = call(["run", "--generations", "1", "--resume", "runs/a"], capsys)
     assert rc == 0 and "finished at generation 1; give more --generations" in out + err, out + err
-    assert snapshot(done) == before
+    assert {k: v for k, v in snapshot(done).items() if k != Path("runs/LATEST")} == before
+    assert Path("runs/LATEST").read_text().strip().endswith("a")
+
+
+def test_a_checkpoint_interval_the_command_line_takes_resumes(work, capsys):
+    assert call(["run", *TINY, "--run-dir", "runs/c", "--checkpoint-every", "2000000"], capsys)[0] == 0
+    rc, _, err = call(["run", "--generations", "2", "--resume", "runs/c"], capsys)
+    assert rc == 0, err
 
 
 def test_a_renamed_run_directory_resumes_its_own_run(done, work, capsys):
