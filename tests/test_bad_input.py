@@ -88,13 +88,6 @@ def test_bad_csv_trace(case, work, capsys):
     assert_one_line_error(rc, err, "bad.csv", *needles)
 
 
-def test_a_parquet_column_of_booleans_is_no_tp(work, capsys):
-    """Parquet keeps true/false as booleans, which pandas would take for 1 and 0."""
-    good_trace().assign(tp=True).to_parquet(work / "bad.parquet")
-    rc, _, err = call(run_args("bad.parquet"), capsys)
-    assert_one_line_error(rc, err, "bad.parquet", "tp", "true/false")
-
-
 @pytest.mark.parametrize("case", ["nan", "header_only", "zero_cycle"])
 def test_bad_parquet_trace(case, work, capsys):
     mutate, needles = TRACE_CASES[case]

@@ -76,3 +76,12 @@ def test_step_table_of_every_sampled_step(tmp_path):
     assert list(targets.columns["decode_tokens"]) == [20, 21, 23]  # steps whose next step was sampled
     assert list(every.columns["decode_tokens"]) == [20, 21, 22, 23, 24, 25]  # the data's order
     assert np.isnan(every.cycle_time_us[[2, 4, 5]]).all() and np.isfinite(every.cycle_time_us[[0, 1, 3]]).all()
+
+
+def test_a_parquet_column_of_booleans_is_no_tp(tmp_path):
+    """Parquet keeps true/false as booleans, which pandas would take for 1 and 0."""
+    from error_lines import good_trace
+
+    good_trace().assign(tp=True).to_parquet(tmp_path / "bad.parquet")
+    with pytest.raises(InputError, match="tp: a column of true/false values"):
+        load_trace(tmp_path / "bad.parquet")
