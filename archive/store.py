@@ -119,9 +119,9 @@ class ArchiveStore:
         self.path = Path(path)
         self.read_only = read_only
         if not create and not self.path.is_file():
-            raise InputError(
-                self.path, None, "no archive file here; run `python -m evolve run` first or pass --run-dir"
-            )
+            raise InputError(self.path, None, "no archive file here; run `python -m evolve run` or pass --run-dir")
+        if self.path.is_file() and not os.access(self.path, os.R_OK if read_only else os.R_OK | os.W_OK):
+            raise InputError(self.path, None, "permission denied: this user may not open the archive")
         try:
             if create and not read_only:
                 self.path.parent.mkdir(parents=True, exist_ok=True)

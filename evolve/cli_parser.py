@@ -24,6 +24,19 @@ class OneLineParser(argparse.ArgumentParser):
         print(f"error: {' '.join(message.split())} (usage: {self.prog} --help)", file=sys.stderr)
         raise SystemExit(2)
 
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:  # named by the command they were given to, whose --help lists its options
+            parser: argparse.ArgumentParser = self
+            while True:
+                sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+                chosen = sub.choices.get(getattr(parsed, sub.dest, None) or "") if sub else None
+                if chosen is None:
+                    break
+                parser = chosen
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
 
 # -- argument types (argparse turns ArgumentTypeError into usage + exit 2) -----------
 def _number_arg(kind: type, ok: Callable[[float], bool], expected: str, what: str = "a whole number"):

@@ -173,6 +173,15 @@ def test_not_an_archive(tmp_path: Path):
         ArchiveStore(tmp_path / "missing.sqlite", create=False)
 
 
+def test_an_archive_this_user_may_not_open_says_so(store: ArchiveStore, monkeypatch):
+    """Root reads through permission bits, so os.access is what refuses here."""
+    import archive.store
+
+    monkeypatch.setattr(archive.store.os, "access", lambda path, mode: False)
+    with pytest.raises(InputError, match="permission denied"):
+        ArchiveStore(store.path, create=False, read_only=True)
+
+
 def test_run_dirs_and_latest(tmp_path: Path):
     now = datetime(2024, 5, 6, 7, 8, 9, tzinfo=timezone.utc)
     d = default_run_dir(7, base=tmp_path, now=now)

@@ -369,10 +369,20 @@ def test_jobs_above_the_cpu_count_are_capped_with_one_warning(work, capsys):
     assert json.loads((work / "runs" / "j" / "run.json").read_text())["jobs"] <= os.cpu_count()
 
 
-@pytest.mark.parametrize("args", [["run"], ["run", "--generations", "x"], ["nonsense"], ["archive"]])
-def test_usage_errors_are_one_line_with_a_hint(args, work, capsys):
+@pytest.mark.parametrize(
+    "args,hint",
+    [
+        (["run"], "evolve run --help"),
+        (["run", "--generations", "x"], "evolve run --help"),
+        (["nonsense"], "evolve --help"),
+        (["archive"], "evolve archive --help"),
+        (["archive", "list", "--bogus"], "evolve archive list --help"),  # the command given the option
+        (["run", "--generations", "1", "--bogus", "x"], "evolve run --help"),
+    ],
+)
+def test_usage_errors_are_one_line_with_a_hint(args, hint, work, capsys):
     rc, _, err = call(args, capsys)
-    assert_one_line_error(rc, err, "--help")
+    assert_one_line_error(rc, err, hint)
 
 
 def test_the_pool_manager_thread_stays_quiet_inside_a_run_and_other_threads_do_not():
