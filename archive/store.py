@@ -195,12 +195,10 @@ class ArchiveStore:
         return InputError(self.path, what, f"damaged archive, cannot read it ({type(exc).__name__}: {exc})")
 
     def _run_config(self, run_id: str, config_json: object) -> dict:
-        try:
-            config = json.loads(config_json)  # type: ignore[arg-type]
-            if not isinstance(config, dict):
-                raise ValueError(f"expected a mapping, got {config!r:.60}")
-        except (TypeError, ValueError) as exc:
-            raise self._damaged(f"runs.config_json of {run_id}", exc) from None
+        damaged = lambda exc: self._damaged(f"runs.config_json of {run_id}", exc)  # noqa: E731
+        config = _json_or_damage(config_json, damaged)
+        if not isinstance(config, dict):
+            raise damaged(ValueError(f"expected a mapping, got {config!r:.60}"))
         return config
 
     def _run_row(self, conn: sqlite3.Connection, run_id: str) -> tuple:

@@ -26,10 +26,6 @@ from primitives.files import atomic_write_text, regular_target
 
 
 # -- helpers ------------------------------------------------------------------------
-def _console():
-    return make_console()
-
-
 def _must_exist(path: str | None, option: str, kind: str = "any") -> None:
     if path is None:
         return
@@ -207,7 +203,7 @@ def cmd_archive_list(args: argparse.Namespace) -> int:
     from evolve.report import print_entries
 
     title = "All archived entries" if args.all else "Pareto front (latest generation)"
-    print_entries(_console(), entries, rec_id, title=title)
+    print_entries(make_console(), entries, rec_id, title=title)
     return 0
 
 
@@ -235,7 +231,7 @@ def cmd_archive_best(args: argparse.Namespace) -> int:
         return 0
     from evolve.report import print_entries
 
-    console = _console()
+    console = make_console()
     print_entries(console, [best], best.id, title="Recommended model")
     console.print(
         f"combined (worst-case) error {fmt_cell('error', record['combined_error'])}, "
@@ -252,7 +248,7 @@ def cmd_archive_show(args: argparse.Namespace) -> int:
     from evolve.report import entry_detail
 
     entry = _get_entry(args.run_dir, args.id)
-    console = _console()
+    console = make_console()
     for shown in entry_detail(entry):
         if isinstance(shown, str):
             console.print(shown, markup=False)
@@ -298,7 +294,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         result["leave_one_deployment_out"] = held_out
     if args.json:
         _write_json(args.json, result)
-    console = _console()
+    console = make_console()
     shown = [{k: v for k, v in r.items() if k not in ("by_batch_size", "kv_sharing")} for r in rows]
     console.print(rows_table(shown, title=f"Per-step error of {entry.id}"))
     if "overall_mape" in result:
@@ -349,7 +345,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         scatter = measured_step_scatter(args.step_scatter, resolver)
     from evolve.validation_view import VALIDATE_MODES, print_validation
 
-    console = _console()
+    console = make_console()
     what, kind = VALIDATE_MODES[args.mode]
     with_baseline = bool(args.baseline or report_dir)
     what += " (and the BLIS blackbox baseline's)" if with_baseline else ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -135,8 +136,6 @@ def print_entries(console, entries: list[ArchiveEntry], recommended_id: str | No
         return
     console.print(narrow)
     console.print("expressions (step time, µs; constants to 6 digits, --json: exact):", markup=False, highlight=False)
-    import textwrap
-
     for e in entries:
         mark = "*" if e.id == recommended_id else " "
         head = f"{mark} {e.id}  "
@@ -189,8 +188,6 @@ def coverage_note(fitted: list[tuple[str, int, float]], entry_id: str) -> str | 
     MIN_FITTED_DEPLOYMENTS deployments (FITTED: model, TP and weight bytes per GPU of each):
     the terms constant within a deployment are pinned by that many points, and by fewer
     where the deployments hold the same weight bytes per GPU (the real traces' two do)."""
-    import textwrap
-
     n = len(fitted)
     if n >= MIN_FITTED_DEPLOYMENTS or n == 0:
         return None

@@ -112,15 +112,10 @@ def _check_search_fields(saved: dict, path: Path) -> None:
         fraction = checks.number(saved["validation_fraction"], path, "validation_fraction", allow_zero=True)
         if fraction >= 1:
             raise InputError(path, "validation_fraction", f"expected a fraction in [0, 1), got {fraction!r}")
-    for i, item in enumerate(saved.get("data", [])):
-        checks.text(item, path, f"data[{i}]", "a path")
-    for name in PATH_FIELDS:
-        if saved.get(name) is not None:
-            checks.text(saved[name], path, name, "a path")
     inputs = [(f"data[{i}]", d) for i, d in enumerate(saved.get("data", []))]
     for name, value in inputs + [(n, saved.get(n)) for n in PATH_FIELDS]:
-        if value is not None and not Path(value).exists():  # the run's inputs moved since it started
-            raise InputError(path, name, f"{value} is gone; restore it there to resume this run")
+        if value is not None and not Path(checks.text(value, path, name, "a path")).exists():
+            raise InputError(path, name, f"{value} is gone; restore it there to resume this run")  # inputs moved
     caps, floors = saved.get("efficiency_caps", {}), saved.get("efficiency_floors", {})
     for name in caps.keys() & floors.keys():
         if floors[name] > caps[name]:  # both are measured from one kernel table: never so

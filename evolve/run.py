@@ -217,21 +217,21 @@ def _run(config: RunConfig, ui, termination: Termination) -> list:
             )
         with ArchiveStore(run_dir.archive, create=False, read_only=True) as store:
             resumed = store.resumable_run()  # whole; its run keeps its id in a renamed directory
-            front = store.front(resumed.run_id)
-            history = store.history(resumed.run_id)
-        # a replay run whose final closed-loop check was skipped (time limit) still has it to do
-        checked = not (config.experiments and config.closed_loop_checks) or any(
-            "closed_loop_checked" in h["stats"] for h in history[-1:]
-        )
-        saved = Search.peek_checkpoint(run_dir.checkpoint, owner)
-        if config.generations < saved.generation:
-            raise InputError(
-                "--generations", None, f"the run in {root} is at generation {saved.generation}; give at least that"
-            )
-        if resumed.status == "finished" and config.generations == saved.generation and checked:
-            ui.log(f"the run in {root} finished at generation {saved.generation}; give more --generations to go on")
-            record_latest(root)  # nothing to re-record; `archive best` then shows this run
-            return front
+            saved = Search.peek_checkpoint(run_dir.checkpoint, owner)
+            if config.generations < saved.generation:
+                raise InputError(
+                    "--generations", None, f"the run in {root} is at generation {saved.generation}; give at least that"
+                )
+            # nothing to re-record, unless a replay run's final closed-loop check was skipped (time limit)
+            if resumed.status == "finished" and config.generations == saved.generation:
+                last = store.history(resumed.run_id)[-1:]
+                if not (config.experiments and config.closed_loop_checks) or any(
+                    "closed_loop_checked" in h["stats"] for h in last
+                ):
+                    at = saved.generation
+                    ui.log(f"the run in {root} finished at generation {at}; give more --generations to go on")
+                    record_latest(root)  # `archive best` then shows this run
+                    return store.front(resumed.run_id)
     replay_model = None
     if config.experiments:
         rows, replay_model = calibrated_replay_rows(
