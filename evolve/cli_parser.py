@@ -114,7 +114,9 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
         metavar="PATH",
         help="step trace files or folders (default: embedded data)",
     )
-    p.add_argument("--experiments", metavar="DIR", help="experiment folders for the replayed E2E objectives")
+    p.add_argument(
+        "--experiments", metavar="DIR", help="folder of experiment folders (any depth) for the replayed E2E objectives"
+    )
     p.add_argument("--seed", type=_seed, metavar="S", help="random seed (same seed, same run; default 0)")
     p.add_argument("--jobs", type=_jobs, default=1, metavar="J", help="parallel evaluation workers (-1: every core)")
     _add_run_dir(p, help="where to write (default: runs/<UTC time>-seed<S>)")

@@ -149,6 +149,24 @@ def test_find_experiments_sorted(tmp_path):
     assert [s.name for s in specs] == ["a-run", "b-run"]
 
 
+def test_find_experiments_at_any_depth(tmp_path):
+    # exps/h100/<run>/ and exps/<run>/ together, sorted by name; hidden folders skipped
+    _make(tmp_path / "h100" / "x").rename(tmp_path / "h100" / "b-run")
+    _make(tmp_path / "y").rename(tmp_path / "a-run")
+    _make(tmp_path / ".trash" / "z").rename(tmp_path / ".trash" / "c-run")
+    (tmp_path / "h100" / "loop").symlink_to(tmp_path)  # searched once, not forever
+    specs = find_experiments(tmp_path)
+    assert [s.name for s in specs] == ["a-run", "b-run"]
+    assert Path(specs[1].path).parent.name == "h100"
+
+
+def test_find_experiments_refuses_two_of_one_name(tmp_path):
+    _make(tmp_path / "h100" / "x").rename(tmp_path / "h100" / "run")
+    _make(tmp_path / "a100" / "x").rename(tmp_path / "a100" / "run")
+    with pytest.raises(InputError, match="two experiments named 'run'"):
+        find_experiments(tmp_path)
+
+
 def _expect(exc_info, path_part: str, field_part: str | None):
     err = exc_info.value
     assert path_part in err.path

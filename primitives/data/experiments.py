@@ -401,26 +401,43 @@ def load_experiment(directory: str | Path) -> ExperimentSpec:
     )
 
 
+def _experiment_dirs(folder: Path, seen: set[Path] | None = None):
+    """The experiment folders below FOLDER, at any depth, skipping hidden folders."""
+    seen = seen if seen is not None else {folder.resolve()}
+    for d in sorted(folder.iterdir(), key=lambda d: d.name):
+        if not d.is_dir() or d.name.startswith(".") or d.resolve() in seen:
+            continue  # a folder reached twice (a symbolic link's loop) is searched once
+        seen.add(d.resolve())
+        if (d / EXP_CONFIG).exists():
+            yield d  # an experiment's own folder is not searched further
+        elif (d / PROFILE).exists() or (d / "results").is_dir():
+            # an experiment's other files without exp-config.yaml: a broken copy, not an
+            # unrelated folder; skipping it would drop the experiment without a word
+            msg = "file not found, beside the experiment's other files; expected both"
+            raise InputError(d / EXP_CONFIG, None, msg)
+        else:
+            yield from _experiment_dirs(d, seen)
+
+
 def find_experiments(root: str | Path) -> list[ExperimentSpec]:
-    """Every subdirectory of ROOT holding ``exp-config.yaml`` (ROOT itself if it is one), by name."""
+    """Every directory below ROOT holding ``exp-config.yaml`` (ROOT itself if it is one), by name.
+
+    Any depth is searched (``exps/h100/<run>/`` as well as ``exps/<run>/``).
+    """
     root = Path(root)
     if not root.is_dir():
         raise InputError(root, None, "expected a directory of experiment directories")
     if (root / EXP_CONFIG).exists():
         return [load_experiment(root)]
-    dirs = []
-    for d in sorted(root.iterdir(), key=lambda d: d.name):
-        if not d.is_dir():
-            continue
-        if (d / EXP_CONFIG).exists():
-            dirs.append(d)
-        elif (d / PROFILE).exists() or (d / "results").is_dir():
-            # an experiment's other files without exp-config.yaml: a broken copy, not an
-            # unrelated folder; skipping it would drop the experiment without a word
-            raise InputError(d / EXP_CONFIG, None, "file not found, beside the experiment's other files; expected both")
+    dirs: dict[str, Path] = {}
+    for d in _experiment_dirs(root):
+        if d.name in dirs:  # the folder's name is the experiment's name in every table and JSON
+            raise InputError(d, None, f"two experiments named {d.name!r} (the other: {dirs[d.name]}); expected one")
+        dirs[d.name] = d
     if not dirs:
-        raise InputError(root, EXP_CONFIG, "no experiment directory (holding exp-config.yaml) below this directory")
-    return [load_experiment(d) for d in dirs]
+        msg = "no experiment directory (holding exp-config.yaml) at any depth below this directory"
+        raise InputError(root, EXP_CONFIG, msg)
+    return [load_experiment(dirs[name]) for name in sorted(dirs)]
 
 
 __all__ = [
