@@ -39,8 +39,8 @@ class ArchiveEntry:
         """The entry D describes; ValueError naming the field where D holds something else
         (a damaged archive or JSON file must not reach the commands that read entries)."""
         for name, kinds in _FIELD_TYPES.items():
-            if name in d and not _is(d[name], kinds):
-                raise ValueError(f"{name}: expected {' or '.join(k.__name__ for k in kinds)}, got {d[name]!r:.60}")
+            if name in d:
+                _each([d[name]], name, kinds, what="")
         _each(d.get("constants", []), "constants", (int, float))
         _each(d.get("primitives", []), "primitives", (str,))
         _each(d.get("objectives", {}).values(), "objectives", (int, float, type(None)))
@@ -77,7 +77,8 @@ def _is(value: object, kinds: tuple[type, ...]) -> bool:
     return isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool))
 
 
-def _each(values, name: str, kinds: tuple[type, ...]) -> None:
+def _each(values, name: str, kinds: tuple[type, ...], what: str = " items") -> None:
+    """ValueError naming NAME unless every one of VALUES is of one of KINDS."""
     for v in values:
         if not _is(v, kinds):
-            raise ValueError(f"{name}: expected {' or '.join(k.__name__ for k in kinds)} items, got {v!r:.60}")
+            raise ValueError(f"{name}: expected {' or '.join(k.__name__ for k in kinds)}{what}, got {v!r:.60}")

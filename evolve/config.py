@@ -93,11 +93,18 @@ REFIT_ROUNDS = 2  # validate's transfer checks: re-recordings of each fold's tra
 BOUNDS_HELP = "interval of a µs term's fitted efficiency (default 1,4)"
 
 
+def bounds_problem(lo: float, hi: float) -> str | None:
+    """What is wrong with an efficiency interval [LO, HI] (None if nothing): the one rule for
+    the command line's ``--efficiency-bounds`` and a resumed run's ``run.json``."""
+    return None if 0 < lo <= hi < float("inf") else "expected 0 < LO <= HI, finite"
+
+
 def parse_bounds(text: str) -> tuple[float, float]:
     try:
         lo, hi = (float(v) for v in text.split(","))
     except ValueError:
         raise ArgumentTypeError(f"expected LO,HI (two numbers), got {text!r}") from None
-    if not (0 < lo <= hi < float("inf")):
-        raise ArgumentTypeError(f"expected 0 < LO <= HI, finite, got {text!r}")
+    problem = bounds_problem(lo, hi)
+    if problem:
+        raise ArgumentTypeError(f"{problem}, got {text!r}")
     return lo, hi

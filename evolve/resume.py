@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 from archive.rundir import RunDir, default_run_dir, refuse_used_dir
-from evolve.config import MAX_LOAD_DRAWS, RunConfig, current_environment, environment_changes
+from evolve.config import MAX_LOAD_DRAWS, RunConfig, bounds_problem, current_environment, environment_changes
 from fitness.step_scatter import StepScatter
 from primitives import checks
 from primitives.errors import InputError
@@ -124,9 +124,9 @@ def _check_search_fields(saved: dict, path: Path) -> None:
         bounds = saved["efficiency_bounds"]
         if not (isinstance(bounds, list) and len(bounds) == 2):
             raise InputError(path, "efficiency_bounds", f"expected [LO, HI], got {bounds!r}")
-        lo, hi = (checks.number(b, path, "efficiency_bounds") for b in bounds)
-        if lo > hi:
-            raise InputError(path, "efficiency_bounds", f"expected LO <= HI, got {bounds!r}")
+        problem = bounds_problem(*(checks.number(b, path, "efficiency_bounds") for b in bounds))
+        if problem:
+            raise InputError(path, "efficiency_bounds", f"{problem}, got {bounds!r}")
 
 
 def resumed_config(config: RunConfig, given: set[str]) -> RunConfig:
