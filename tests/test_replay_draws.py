@@ -2,6 +2,7 @@
 load, and the final closed-loop check compares the mean of as many draws (near saturation
 one draw's luck can move a mean TTFT by tens of percent)."""
 
+import io
 import json
 
 import numpy as np
@@ -172,3 +173,45 @@ def test_every_recording_of_a_run_averages_the_runs_draws(monkeypatch):
     )
     cal.refresh_trajectories(search, config, None, ["tp"], ui)
     assert seen == [(True, 7, 3), (False, 7, 3), (False, 7, 3), (False, 7, 3)]
+
+
+def test_a_finished_run_whose_final_check_the_time_limit_skipped_finishes_it_on_resume(tmp_path, monkeypatch):
+    """A replay run with no more generations to go still owes its front the closed-loop
+    check; once that is recorded, the same resume writes nothing."""
+    import evolve.run as er
+    from archive.rundir import RunDir
+    from evolve.config import RunConfig
+    from evolve.crash import TimeLimitReached
+    from evolve.ui import RunUI
+
+    monkeypatch.chdir(tmp_path)
+    exps = tmp_path / "exps"
+    observe(write_experiment(exps, "e-llama-2-7b-tp1-general", *LLAMA_7B, rate=2.0, duration=6))
+    calls = []
+    real = er.closed_loop_check
+
+    def check(*args, **kwargs):
+        calls.append(len(calls))
+        if len(calls) == 1:  # the time limit lands in the first run's final check
+            raise TimeLimitReached("the final closed-loop check")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(er, "closed_loop_check", check)
+    options = dict(generations=2, population=12, experiments=str(exps), closed_loop_checks=1, calibration_rounds=0)
+    er.run_search(RunConfig(run_dir="runs/a", **options), RunUI(quiet=True, stream=io.StringIO()))
+    archive = RunDir(tmp_path / "runs" / "a").archive
+
+    def checked_generations() -> list:
+        from archive.store import ArchiveStore
+
+        with ArchiveStore(archive, create=False, read_only=True) as store:
+            (run,) = store.runs()
+            return [h["stats"].get("closed_loop_checked") for h in store.history(run.run_id)]
+
+    assert calls == [0] and not any(checked_generations())
+    resume = RunConfig(resume="runs/a", **options)
+    er.run_search(resume, RunUI(quiet=True, stream=io.StringIO()), given=frozenset({"generations"}))
+    assert calls == [0, 1] and checked_generations()[-1]  # the check ran, and is recorded
+    before = archive.read_bytes()
+    er.run_search(resume, RunUI(quiet=True, stream=io.StringIO()), given=frozenset({"generations"}))
+    assert calls == [0, 1] and archive.read_bytes() == before  # nothing left to do: nothing written
