@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from archive.entry import ArchiveEntry
 from evolve.cli_parser import PROG, build_parser
+from evolve.kernel_floor_view import print_floor_note
 from evolve.report import clean, entry_record, fmt_cell, make_console, print_coverage_note
 from primitives.errors import InputError, writable_dir
 from primitives.files import atomic_write_text, regular_target
@@ -241,19 +242,20 @@ def cmd_archive_best(args: argparse.Namespace) -> int:
         soft_wrap=True,
     )
     print_coverage_note(best, Path(path).parent, _resolver(args))
+    print_floor_note(best, Path(path).parent, _resolver(args))
     return 0
 
 
 def cmd_archive_show(args: argparse.Namespace) -> int:
+    from evolve.kernel_floor_view import catalog_floor, floor_table
     from evolve.report import entry_detail
 
-    entry = _get_entry(args.run_dir, args.id)
+    with _open_store(args.run_dir) as store:
+        entry, run_dir = store.get(args.id), Path(store.path).parent
+    ratios = catalog_floor(entry, run_dir, _resolver(args))
     console = make_console()
-    for shown in entry_detail(entry):
-        if isinstance(shown, str):
-            console.print(shown, markup=False)
-        else:
-            console.print(shown)
+    for shown in entry_detail(entry) + ([floor_table(ratios)] if ratios else []):
+        console.print(shown, markup=False) if isinstance(shown, str) else console.print(shown)
     return 0
 
 
@@ -408,6 +410,7 @@ def cmd_export_go(args: argparse.Namespace) -> int:
     print(textwrap.fill(chosen, 80, subsequent_indent="  "))  # the other deployments' list can be long
     print("\n".join([f"wrote {path}" for path in written] + changes))
     print_coverage_note(entry, run_dir, resolver)
+    print_floor_note(entry, run_dir, resolver, deployment, primary_only=args.blis is None)
     return 0
 
 

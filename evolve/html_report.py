@@ -274,6 +274,25 @@ def _model_section(entry) -> str:
         + _table(["", "value"], facts)
         + f"<h3>Fitted efficiencies (µs terms bounded to {escape(bounds.describe('–'))})</h3>"
         + (_table(["term", "coefficient", "kind", "flag"], eff) if eff else "<p>a constant: no terms</p>")
+        + _floor_section(entry)
+    )
+
+
+def _floor_section(entry) -> str:
+    """The kernel floor on every catalog deployment (``evolve.kernel_floor_view``); nothing
+    where the run's data cannot be found."""
+    from evolve.kernel_floor_view import FLOOR_CAPTION, FLOOR_TITLE, catalog_floor, floor_rows
+    from primitives.deployment import CATALOG_TPS, default_resolver
+
+    ratios = catalog_floor(entry, None, default_resolver())
+    if not ratios:
+        return ""
+    rows = [[escape(cell) for cell in row] for row in floor_rows(ratios)]
+    return (
+        f"<h3>{escape(FLOOR_TITLE)} ({escape(ratios[0][0].gpu.name)})</h3>"
+        + _table(["model", *(f"TP{tp}" for tp in CATALOG_TPS)], rows)
+        + "<p class='note'>The Go export ships the model for every deployment of this table. "
+        + f"{escape(FLOOR_CAPTION[:1].upper() + FLOOR_CAPTION[1:])}.</p>"
     )
 
 

@@ -87,9 +87,19 @@ def probe_check(expression: str, deployments: list[Deployment], floor_fraction: 
     return {"monotone": ok, "kernel_floor_ratio_min": ratio, "floor_fraction": floor_fraction}
 
 
+def kernel_floor_by_deployment(
+    expression: str, deployments: list[Deployment], floor_fraction: float = 1.0
+) -> list[tuple[Deployment, float | None]]:
+    """``probe_check``'s lowest ratio of step time to kernel floor on each deployment alone
+    (None where the GPU has no kernel tables or no probe fits its KV cache). Below 1, the
+    model prices some step of that deployment faster than the measured kernels it must run:
+    it does not hold there, whatever it scored on the data it was fitted on."""
+    return [(d, probe_check(expression, [d], floor_fraction)["kernel_floor_ratio_min"]) for d in deployments]
+
+
 def monotone_on_probes(expression: str, deployments: list[Deployment]) -> bool:
     """Whether the expression never gets faster with more work on the probe steps."""
     return bool(probe_check(expression, deployments)["monotone"])
 
 
-__all__ = ["bound_flag", "monotone_on_probes", "probe_check", "term_efficiencies"]
+__all__ = ["bound_flag", "kernel_floor_by_deployment", "monotone_on_probes", "probe_check", "term_efficiencies"]

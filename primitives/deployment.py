@@ -343,6 +343,10 @@ class ModelCatalog:
         return model_from_config(cfg, self.names[key], source)
 
 
+# TP degrees an exported model covers for every catalog model (golden tests, embedded kernel tables)
+CATALOG_TPS = (1, 2, 4, 8)
+
+
 @dataclass
 class DeploymentResolver:
     """Turns (model name, TP, GPU name) found in data into Deployments."""
@@ -394,6 +398,18 @@ class DeploymentResolver:
             if exc.field not in ("model", "tp"):  # a bad config.json or datasheet names its own file
                 raise
             raise InputError(source, exc.field, f"{what}: {exc.expected}") from None
+
+    def catalog_deployments(self, primary: Deployment) -> list[Deployment]:
+        """Every catalog model at every TP of ``CATALOG_TPS`` that divides its heads, on the
+        primary deployment's GPU; the primary first. These are the deployments an exported
+        model is built for (the Go export embeds their kernel tables)."""
+        out = [primary]
+        for name in sorted(self.catalog.names.values()):
+            for tp in CATALOG_TPS:
+                d = self.resolve(name, tp, primary.gpu.name)
+                if d.model.n_heads % tp == 0 and d.model.n_kv_heads % tp == 0 and d.key != primary.key:
+                    out.append(d)
+        return out
 
     def resolve_experiment(self, spec) -> Deployment:
         """The deployment of an ``ExperimentSpec``; errors name its ``exp-config.yaml``."""

@@ -31,21 +31,6 @@ from translate_go.non_step import resolve_overheads
 from translate_go.printer import GoPrintError
 from translate_go.targets import check_own_files, check_package_dir
 
-# TP degrees the further golden deployments (and the embedded kernel tables) cover
-GOLDEN_TPS = (1, 2, 4, 8)
-
-
-def catalog_deployments(resolver: DeploymentResolver, primary: Deployment) -> list[Deployment]:
-    """Every catalog model at every TP of ``GOLDEN_TPS`` that divides its heads, on the
-    primary deployment's GPU; the primary first."""
-    out = [primary]
-    for name in sorted(resolver.catalog.names.values()):
-        for tp in GOLDEN_TPS:
-            d = resolver.resolve(name, tp, primary.gpu.name)
-            if d.model.n_heads % tp == 0 and d.model.n_kv_heads % tp == 0 and d.key != primary.key:
-                out.append(d)
-    return out
-
 
 def export_blis(
     entry: ArchiveEntry,
@@ -74,7 +59,7 @@ def export_blis(
     if deployment is None:
         deployment = default_deployment(entry, resolver)
     overheads, defaulted = resolve_overheads(entry)
-    deployments = catalog_deployments(resolver, deployment)
+    deployments = resolver.catalog_deployments(deployment)
     try:
         uses_kernels = any(PRIMITIVE_BY_NAME[p].kernels for p in expression_primitives(expr))
         kernel_deployments = [d for d in deployments if d.gpu.kernel_dir] if uses_kernels else []
@@ -93,4 +78,4 @@ def export_blis(
     return written, register_backend(root, name, plan)
 
 
-__all__ = ["catalog_deployments", "export_blis"]
+__all__ = ["export_blis"]

@@ -1,0 +1,120 @@
+"""Where a model holds beyond its data: its step time against the measured kernels on every
+catalog deployment (``archive show``'s table, and a note from ``archive best`` and
+``export-go`` where it prices steps faster than their kernels).
+
+A fit sees only its data's deployments; the Go export ships a model for every catalog
+model at TP 1, 2, 4 and 8. On each, ``fitness.physics_check.kernel_floor_by_deployment``
+gives the lowest ratio, over the physics probes, of the model's step time to the sum of the
+measured kernels the step runs (matmuls, decode and prefill attention). Below 1, the model
+is faster than its own kernels there: it cannot be right on that deployment, whatever it
+scored where it was fitted (a constant that stands in for weight streaming does this).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from archive.entry import ArchiveEntry
+from primitives.deployment import CATALOG_TPS, Deployment, DeploymentResolver
+from primitives.errors import InputError
+
+FloorRatios = list[tuple[Deployment, float | None]]
+
+
+def catalog_floor(
+    entry: ArchiveEntry, run_dir: Path | None, resolver: DeploymentResolver, primary: Deployment | None = None
+) -> FloorRatios | None:
+    """The kernel-floor ratio of ENTRY on every catalog deployment on the GPU of PRIMARY (default:
+    the run's first deployment); None where the run's data can no longer be found (a courtesy,
+    never an error)."""
+    from fitness.efficiency import run_efficiency_bounds
+    from fitness.physics_check import kernel_floor_by_deployment
+    from primitives.language import parse_infix
+    from primitives.registry import PRIMITIVE_BY_NAME
+
+    try:
+        if not {s.name for s in parse_infix(entry.expression).free_symbols} <= PRIMITIVE_BY_NAME.keys():
+            return None  # an archive of older primitives: nothing to price it with
+        if primary is None:
+            from translate_go.export import default_deployment
+
+            primary = default_deployment(entry, resolver, run_dir=run_dir)
+        deployments = resolver.catalog_deployments(primary)
+    except (InputError, OSError, TypeError, ValueError, SyntaxError):
+        return None
+    floor_fraction = run_efficiency_bounds(entry.run_config).lower  # the floor the search held it to
+    return kernel_floor_by_deployment(entry.expression, deployments, floor_fraction)
+
+
+def below_floor(ratios: FloorRatios) -> FloorRatios:
+    """The deployments where the model is faster than its kernels, lowest ratio first."""
+    return sorted(((d, r) for d, r in ratios if r is not None and r < 1), key=lambda dr: dr[1])
+
+
+def floor_note(ratios: FloorRatios | None, entry_id: str) -> str | None:
+    """One warning naming each deployment below its kernel floor (None where there is none)."""
+    low = below_floor(ratios or [])
+    if not low:
+        return None
+    where = ", ".join(f"{d.model.name} TP{d.tp} ({r:.2f}x)" for d, r in low)
+    text = (
+        f"warning: {entry_id} prices some steps faster than the measured kernels they run on "
+        f"{where}; it does not hold there (archive show {entry_id} lists every deployment)"
+    )
+    return textwrap.fill(text, 80)
+
+
+FLOOR_TITLE = "Step time over the measured kernels it runs, lowest on the probes"
+FLOOR_CAPTION = (
+    "below 1: faster than its kernels, so wrong there (1 or more is needed, not enough); -: no probe fits in memory"
+)
+
+
+def floor_rows(ratios: FloorRatios) -> list[list[str]]:
+    """One row per catalog model: its name, then one cell per TP of ``CATALOG_TPS``."""
+    by_model: dict[str, dict[int, str]] = {}
+    for d, r in ratios:
+        by_model.setdefault(d.model.name, {})[d.tp] = "-" if r is None else (f"{r:.2f} !" if r < 1 else f"{r:.2f}")
+    return [[model, *(by_model[model].get(tp, "") for tp in CATALOG_TPS)] for model in sorted(by_model)]
+
+
+def floor_table(ratios: FloorRatios):
+    """``floor_rows`` as a rich table."""
+    from rich.table import Table
+
+    table = Table(title=f"{FLOOR_TITLE} ({ratios[0][0].gpu.name})", caption=FLOOR_CAPTION)
+    table.add_column("model")
+    for tp in CATALOG_TPS:
+        table.add_column(f"TP{tp}", justify="right")
+    for row in floor_rows(ratios):
+        table.add_row(*row)
+    return table
+
+
+def print_floor_note(
+    entry: ArchiveEntry,
+    run_dir: Path | None,
+    resolver: DeploymentResolver,
+    primary: Deployment | None = None,
+    primary_only: bool = False,
+) -> None:
+    """``floor_note`` for ``archive best`` and ``export-go`` (PRIMARY_ONLY: that deployment
+    alone, the one ``export-go --out`` bakes in)."""
+    ratios = catalog_floor(entry, run_dir, resolver, primary=primary)
+    note = floor_note(ratios[:1] if ratios and primary_only else ratios, entry.id)
+    if note:
+        print(note)
+
+
+__all__ = [
+    "FLOOR_CAPTION",
+    "FLOOR_TITLE",
+    "FloorRatios",
+    "below_floor",
+    "catalog_floor",
+    "floor_note",
+    "floor_rows",
+    "floor_table",
+    "print_floor_note",
+]

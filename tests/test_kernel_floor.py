@@ -1,0 +1,101 @@
+"""The kernel floor on every catalog deployment: a model's step time against the measured
+kernels it runs, where the export ships it (``archive show``, ``archive best``, ``export-go``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from archive.entry import ArchiveEntry, entry_id_for
+from archive.rundir import record_latest
+from archive.store import ArchiveStore
+from evolve.cli import main
+from evolve.kernel_floor_view import below_floor, floor_note
+from fitness.physics_check import kernel_floor_by_deployment
+from primitives.deployment import CATALOG_TPS, default_resolver
+
+KERNELS = "gemm_time_us + decode_attention_time_us + prefill_attention_time_us"
+
+
+def _deployments():
+    r = default_resolver()
+    return r.catalog_deployments(r.resolve("meta-llama/Llama-2-70b-hf", 4))
+
+
+def test_the_catalog_is_every_model_at_every_tp_its_heads_allow():
+    deps = _deployments()
+    assert (deps[0].model.name, deps[0].tp) == ("Llama-2-70b-hf", 4)  # the primary first
+    assert len({(d.model.name, d.tp) for d in deps}) == len(deps) == 4 * len(CATALOG_TPS)
+
+
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_the_ratio_is_the_step_time_over_the_kernels_it_runs(factor):
+    deps = _deployments()
+    ratios = kernel_floor_by_deployment(f"{factor}*({KERNELS})", deps)
+    fits = [r for d, r in ratios if r is not None]
+    # Llama-2-70B and Mixtral do not fit one GPU: no probe, no ratio
+    assert [(d.model.name, d.tp) for d, r in ratios if r is None] == [("Llama-2-70b-hf", 1), ("Mixtral-8x7B-v0.1", 1)]
+    assert fits == pytest.approx([factor] * len(fits), rel=1e-9)
+
+
+def test_a_constant_in_place_of_weight_streaming_fails_where_the_weights_differ():
+    """The trace command's kind of model: a fixed 7.5 ms where two deployments of about 34 GB
+    per GPU stream their weights, and matmuls priced by their FLOPs alone."""
+    deps = _deployments()
+    expr = "7518.56 + 1*decode_attention_time_us + 1*matmul_time_us + 46.3855*allreduce_calls"
+    low = below_floor(kernel_floor_by_deployment(expr, deps))
+    assert [(d.model.name, d.tp) for d, _ in low][:1] == [("CodeLlama-34b-Instruct-hf", 1)]  # 68 GB on one GPU
+    assert ("Mixtral-8x7B-v0.1", 2) in {(d.model.name, d.tp) for d, _ in low}
+    assert [r for _, r in low] == sorted(r for _, r in low) and all(r < 1 for _, r in low)
+    note = floor_note(kernel_floor_by_deployment(expr, deps), "abc")
+    assert note.startswith("warning: abc prices some steps faster") and "CodeLlama-34b-Instruct-hf TP1 (0.50x)" in note
+    assert all(len(line) <= 80 for line in note.splitlines())
+    assert floor_note(kernel_floor_by_deployment(f"1.1*({KERNELS})", deps), "abc") is None
+    assert floor_note(None, "abc") is None
+
+
+def _project(tmp_path: Path, expression: str) -> None:
+    """A finished run on the embedded default data whose front is one entry."""
+    e = ArchiveEntry(
+        id=entry_id_for(expression),
+        expression=expression,
+        simplified=None,
+        complexity=5,
+        constants=[],
+        generation=1,
+        objectives={"step_mape": 0.05, "complexity": 5},
+        primitives=["gemm_time_us"],
+    )
+    run_dir = tmp_path / "runs" / "r"
+    with ArchiveStore(run_dir / "archive.sqlite") as store:
+        store.start_run("r", {}, 0, "fp")
+        store.record_generation("r", 1, [e], [e], {})
+        store.finish_run("r", {"generations": 1})
+    record_latest(run_dir)
+
+
+def test_archive_show_best_and_export_say_where_a_model_is_faster_than_its_kernels(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    expression = f"0.5*({KERNELS})"
+    _project(tmp_path, expression)
+    eid = entry_id_for(expression)
+    assert main(["archive", "show", eid]) == 0
+    out = capsys.readouterr().out
+    assert "Step time over the measured kernels" in out and "0.50 !" in out and "Mixtral-8x7B-v0.1" in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert main(["archive", "best"]) == 0
+    out = capsys.readouterr().out
+    assert f"warning: {eid} prices some steps faster" in out and "Llama-2-7b-hf TP8 (0.50x)" in " ".join(out.split())
+    # --out bakes in one deployment: the warning names that one alone
+    args = ["export-go", eid, "--out", "go", "--model", "mistralai/Mixtral-8x7B-v0.1", "--tp", "4"]
+    assert main(args) == 0
+    warning = " ".join(capsys.readouterr().out.split("warning:")[1].split())
+    assert warning.startswith(f"{eid}") and "Mixtral-8x7B-v0.1 TP4 (0.50x)" in warning and "Llama" not in warning
+
+
+def test_a_model_that_pays_for_its_kernels_gets_no_warning(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    _project(tmp_path, f"1.2*({KERNELS})")
+    assert main(["archive", "best"]) == 0
+    assert "warning" not in capsys.readouterr().out
