@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import ast
 import hashlib
 from dataclasses import asdict, dataclass, field
+
+from primitives.language import check_infix
 
 
 def entry_id_for(simplified_expression: str) -> str:
@@ -46,10 +47,10 @@ class ArchiveEntry:
         _each(d.get("objectives", {}).values(), "objectives", (int, float, type(None)))
         _each(d.get("overheads", {}).values(), "overheads", (int, float))
         _each(d.get("per_experiment", {}).values(), "per_experiment", (dict,))
-        try:  # the text is read by sympy and the Go printer later: an unparsable one is damage
-            ast.parse(d.get("expression", "0"), mode="eval")
-        except SyntaxError as exc:
-            raise ValueError(f"expression: not an expression ({exc.msg}): {d['expression']!r:.60}") from None
+        try:  # the text is evaluated by sympy and printed as Go later: anything but arithmetic is damage
+            check_infix(d.get("expression", "0"))
+        except ValueError as exc:
+            raise ValueError(f"expression: {exc}: {d['expression']!r:.60}") from None
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 

@@ -184,7 +184,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         ui.close()
         kill_workers()
-    print(f"run directory: {run_dir}  (next: {PROG} archive best)")
+    where, then = f"run directory: {run_dir}", f"(next: {PROG} archive best)"
+    print(where + ("\n" if len(where) + 2 + len(then) > 80 else "  ") + then)  # a long path: two lines
     return 0
 
 
@@ -255,7 +256,7 @@ def cmd_archive_show(args: argparse.Namespace) -> int:
     ratios = catalog_floor(entry, run_dir, _resolver(args))
     console = make_console()
     for shown in entry_detail(entry) + ([floor_table(ratios)] if ratios else []):
-        console.print(shown, markup=False) if isinstance(shown, str) else console.print(shown)
+        console.print(shown, markup=not isinstance(shown, str))
     return 0
 
 
@@ -371,9 +372,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     scaled = f" (step time x{args.step_time_scale:g})" if args.step_time_scale != 1.0 else ""
     print_validation(console, result, f"Validation of {entry.id}" + (f" ({kind})" if kind else "") + scaled)
     if report_dir is not None:
+        from archive.rundir import locate_archive
         from evolve.html_report import write_report
 
-        page = write_report(result, entry, report_dir, str(args.experiments))
+        where = {"run_dir": locate_archive(args.run_dir).parent, "resolver": resolver}  # for the kernel floor
+        page = write_report(result, entry, report_dir, str(args.experiments), **where)
         console.print(f"report: {page}", markup=False, highlight=False, soft_wrap=True)
     return 0
 

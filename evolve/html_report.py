@@ -248,7 +248,7 @@ def _overheads(overheads: dict) -> str:
     return ", ".join(f"{k} {v:.4g}" for k, v in overheads.items() if v) or "none"
 
 
-def _model_section(entry) -> str:
+def _model_section(entry, run_dir: Path | None = None, resolver=None) -> str:
     from fitness.efficiency import run_efficiency_bounds
     from fitness.physics_check import bound_flag, term_efficiencies
 
@@ -274,25 +274,25 @@ def _model_section(entry) -> str:
         + _table(["", "value"], facts)
         + f"<h3>Fitted efficiencies (µs terms bounded to {escape(bounds.describe('–'))})</h3>"
         + (_table(["term", "coefficient", "kind", "flag"], eff) if eff else "<p>a constant: no terms</p>")
-        + _floor_section(entry)
+        + _floor_section(entry, run_dir, resolver)
     )
 
 
-def _floor_section(entry) -> str:
+def _floor_section(entry, run_dir: Path | None = None, resolver=None) -> str:
     """The kernel floor on every catalog deployment (``evolve.kernel_floor_view``); nothing
     where the run's data cannot be found."""
     from evolve.kernel_floor_view import FLOOR_CAPTION, FLOOR_TITLE, catalog_floor, floor_rows
     from primitives.deployment import CATALOG_TPS, default_resolver
 
-    ratios = catalog_floor(entry, None, default_resolver())
+    ratios = catalog_floor(entry, run_dir, resolver or default_resolver())
     if not ratios:
         return ""
     rows = [[escape(cell) for cell in row] for row in floor_rows(ratios)]
     return (
         f"<h3>{escape(FLOOR_TITLE)} ({escape(ratios[0][0].gpu.name)})</h3>"
         + _table(["model", *(f"TP{tp}" for tp in CATALOG_TPS)], rows)
-        + "<p class='note'>The Go export ships the model for every deployment of this table. "
-        + f"{escape(FLOOR_CAPTION[:1].upper() + FLOOR_CAPTION[1:])}.</p>"
+        + "<p class='note'>The Go export for BLIS (<code>--blis</code>) ships the model for every deployment "
+        + f"of this table. {escape(FLOOR_CAPTION[:1].upper() + FLOOR_CAPTION[1:])}.</p>"
     )
 
 
@@ -314,7 +314,7 @@ def _draws_note(result: dict) -> str:
     )
 
 
-def render(result: dict, entry, experiments_dir: str = "") -> str:
+def render(result: dict, entry, experiments_dir: str = "", run_dir: Path | None = None, resolver=None) -> str:
     """The whole page (a string of HTML)."""
     items = result.get("experiments", [])
     scored = [i for i in items if i.get("e2e_mean_obs_s") is not None]
@@ -348,7 +348,7 @@ def render(result: dict, entry, experiments_dir: str = "") -> str:
         "<h2>Percentile curves (observed solid, simulated dashed)</h2>",
         curves,
         "<h2>The model</h2>",
-        _model_section(entry),
+        _model_section(entry, run_dir, resolver),
         "<h2>Baseline: BLIS blackbox</h2>",
         _baseline_section(result),
     ]
@@ -358,9 +358,11 @@ def render(result: dict, entry, experiments_dir: str = "") -> str:
     return f"<!DOCTYPE html>\n<html lang='en'><head>{head}</head><body>\n{body}\n</body></html>\n"
 
 
-def write_report(result: dict, entry, report_dir: Path, experiments_dir: str = "") -> Path:
+def write_report(
+    result: dict, entry, report_dir: Path, experiments_dir: str = "", run_dir: Path | None = None, resolver=None
+) -> Path:
     """Write ``validate-<id>.html`` into REPORT_DIR; returns its path."""
     Path(report_dir).mkdir(parents=True, exist_ok=True)
     path = Path(report_dir) / f"validate-{entry.id}.html"
-    atomic_write_text(path, render(result, entry, experiments_dir))
+    atomic_write_text(path, render(result, entry, experiments_dir, run_dir, resolver))
     return path

@@ -2,33 +2,53 @@
 catalog deployment (``archive show``'s table, and a note from ``archive best`` and
 ``export-go`` where it prices steps faster than their kernels).
 
-A fit sees only its data's deployments; the Go export ships a model for every catalog
-model at TP 1, 2, 4 and 8. On each, ``fitness.physics_check.kernel_floor_by_deployment``
-gives the lowest ratio, over the physics probes, of the model's step time to the sum of the
-measured kernels the step runs (matmuls, decode and prefill attention). Below 1, the model
-is faster than its own kernels there: it cannot be right on that deployment, whatever it
-scored where it was fitted (a constant that stands in for weight streaming does this).
+A fit sees only its data's deployments; the Go export for BLIS (``--blis``) ships a model
+for every catalog model at TP 1, 2, 4 and 8 (``--out`` bakes in one). On each,
+``fitness.physics_check.kernel_floor_by_deployment`` gives the lowest ratio, over the
+physics probes, of the model's step time to the sum of the measured kernels the step runs
+(matmuls, decode and prefill attention; where no table was measured at that head layout
+and TP, as at TP 8, the nearest one scaled by KV heads per GPU: ``primitives.kernels``).
+Below 1, the model is faster than its own kernels there: it cannot be right on that
+deployment, whatever it scored where it was fitted (a constant that stands in for weight
+streaming does this). 1 or more is necessary, not sufficient.
 """
 
 from __future__ import annotations
 
 import textwrap
+import warnings
 from pathlib import Path
+
+import numpy as np
 
 from archive.entry import ArchiveEntry
 from primitives.deployment import CATALOG_TPS, Deployment, DeploymentResolver
-from primitives.errors import InputError
 
 FloorRatios = list[tuple[Deployment, float | None]]
 
 
+def run_resolver(entry: ArchiveEntry, fallback: DeploymentResolver) -> DeploymentResolver:
+    """The resolver ENTRY's run used (its model configs, datasheet and kernel tables, as
+    recorded in ``run_config``) where those paths are still there, else FALLBACK."""
+    rc = entry.run_config or {}
+    paths = [rc.get(k) for k in ("model_configs", "gpu_datasheet", "kernels")]
+    if not any(paths) or not all(Path(v).exists() for v in paths if v):
+        return fallback
+    return DeploymentResolver.from_options(*(Path(v) if v else None for v in paths))
+
+
 def catalog_floor(
-    entry: ArchiveEntry, run_dir: Path | None, resolver: DeploymentResolver, primary: Deployment | None = None
+    entry: ArchiveEntry,
+    run_dir: Path | None,
+    resolver: DeploymentResolver,
+    primary: Deployment | None = None,
+    primary_only: bool = False,
 ) -> FloorRatios | None:
-    """The kernel-floor ratio of ENTRY on every catalog deployment on the GPU of PRIMARY (default:
-    the run's first deployment); None where the run's data can no longer be found (a courtesy,
-    never an error)."""
-    from fitness.efficiency import run_efficiency_bounds
+    """The kernel-floor ratio of ENTRY on every catalog deployment on the GPU of PRIMARY
+    (default: the run's first deployment; PRIMARY_ONLY: that one alone), with the run's own
+    model configs and kernel tables where they are still found. None where it cannot be
+    told: the run's data is gone, an expression of other primitives, anything amiss (a
+    courtesy, never an error)."""
     from fitness.physics_check import kernel_floor_by_deployment
     from primitives.language import parse_infix
     from primitives.registry import PRIMITIVE_BY_NAME
@@ -36,15 +56,17 @@ def catalog_floor(
     try:
         if not {s.name for s in parse_infix(entry.expression).free_symbols} <= PRIMITIVE_BY_NAME.keys():
             return None  # an archive of older primitives: nothing to price it with
+        resolver = run_resolver(entry, resolver)
         if primary is None:
             from translate_go.export import default_deployment
 
             primary = default_deployment(entry, resolver, run_dir=run_dir)
-        deployments = resolver.catalog_deployments(primary)
-    except (InputError, OSError, TypeError, ValueError, SyntaxError):
+        deployments = [primary] if primary_only else resolver.catalog_deployments(primary)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return kernel_floor_by_deployment(entry.expression, deployments, 1.0)  # against the kernels themselves
+    except Exception:  # noqa: BLE001 - a view of an archive from elsewhere must not stop the command
         return None
-    floor_fraction = run_efficiency_bounds(entry.run_config).lower  # the floor the search held it to
-    return kernel_floor_by_deployment(entry.expression, deployments, floor_fraction)
 
 
 def below_floor(ratios: FloorRatios) -> FloorRatios:
@@ -59,15 +81,16 @@ def floor_note(ratios: FloorRatios | None, entry_id: str) -> str | None:
         return None
     where = ", ".join(f"{d.model.name} TP{d.tp} ({r:.2f}x)" for d, r in low)
     text = (
-        f"warning: {entry_id} prices some steps faster than the measured kernels they run on "
-        f"{where}; it does not hold there (archive show {entry_id} lists every deployment)"
+        f"warning: on {where}, {entry_id} prices some steps below the measured kernels they run, "
+        f"so it cannot be right there (python -m evolve archive show {entry_id} lists every deployment)"
     )
     return textwrap.fill(text, 80)
 
 
 FLOOR_TITLE = "Step time over the measured kernels it runs, lowest on the probes"
 FLOOR_CAPTION = (
-    "below 1: faster than its kernels, so wrong there (1 or more is needed, not enough); -: no probe fits in memory"
+    "below 1: faster than its kernels, so wrong there; 1 or more is necessary, not sufficient."
+    " -: no probe fits in memory, or no kernel tables; blank: the TP does not divide the heads"
 )
 
 
@@ -101,8 +124,7 @@ def print_floor_note(
 ) -> None:
     """``floor_note`` for ``archive best`` and ``export-go`` (PRIMARY_ONLY: that deployment
     alone, the one ``export-go --out`` bakes in)."""
-    ratios = catalog_floor(entry, run_dir, resolver, primary=primary)
-    note = floor_note(ratios[:1] if ratios and primary_only else ratios, entry.id)
+    note = floor_note(catalog_floor(entry, run_dir, resolver, primary, primary_only), entry.id)
     if note:
         print(note)
 
@@ -117,4 +139,5 @@ __all__ = [
     "floor_rows",
     "floor_table",
     "print_floor_note",
+    "run_resolver",
 ]

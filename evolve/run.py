@@ -229,8 +229,7 @@ def _run(config: RunConfig, ui, termination: Termination) -> list:
                     "closed_loop_checked" in h["stats"] for h in last
                 ):
                     at = saved.generation
-                    # the path on a line of its own: a long one does not push the advice past 80 columns
-                    ui.log(f"finished at generation {at}; give more --generations to go on. The run:\n  {root}")
+                    ui.log(f"finished at generation {at}; give more --generations to go on")  # the run: below
                     record_latest(root)  # `archive best` then shows this run
                     return store.front(resumed.run_id)
     replay_model = None

@@ -405,10 +405,12 @@ class DeploymentResolver:
         model is built for (the Go export embeds their kernel tables)."""
         out = [primary]
         for name in sorted(self.catalog.names.values()):
+            spec = self.catalog.model(name)
             for tp in CATALOG_TPS:
-                d = self.resolve(name, tp, primary.gpu.name)
-                if d.model.n_heads % tp == 0 and d.model.n_kv_heads % tp == 0 and d.key != primary.key:
-                    out.append(d)
+                if spec.n_heads % tp == 0 and spec.n_kv_heads % tp == 0:  # before resolve, which refuses it
+                    d = self.resolve(name, tp, primary.gpu.name)
+                    if d.key != primary.key:
+                        out.append(d)
         return out
 
     def resolve_experiment(self, spec) -> Deployment:

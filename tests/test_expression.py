@@ -6,6 +6,7 @@ import pytest
 from primitives.language import (
     additive_terms,
     canonical,
+    check_infix,
     evaluate_expr,
     evaluate_program,
     parse_infix,
@@ -74,3 +75,38 @@ def test_infix_round_trip_keeps_full_precision():
     expr = program_to_sympy((O("mul"), C(0.1 + 0.2), V("tp")))
     back = parse_infix(to_infix(expr))
     assert float(back.subs({s: 1 for s in back.free_symbols})) == 0.1 + 0.2
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "11.837 + 4*allreduce_time_us + 1601.92*tp",
+        "pdiv(a, b)*Max(1, c) - sqrt(Abs(x))**2 + log(1 + y)/1e-3",
+        "max(20*num_decode_reqs, 0.01*kv_tokens) + min(a, abs(b))",  # sympy's parser reads these as Max, Min, Abs
+        "Piecewise((x, batch_size > 64), (x**2/1000, (tp > 1) & (prefill_tokens < 100)), (y/3, True))",
+    ],
+)
+def test_archived_arithmetic_parses(text):
+    check_infix(text)
+    parse_infix(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "open('f', 'w').write('1')",  # sympy's parser runs its text as Python
+        "__import__('os').system('true')",
+        "x.real",
+        "lambda: 1",
+        "x[0]",
+        "Max(a, b, evaluate=False)",
+        "getattr(x, 'y')",
+        "'text'",
+        "_private + 1",
+        "x if y else z",
+        "1 +",
+    ],
+)
+def test_anything_but_arithmetic_is_refused_before_sympy_sees_it(text):
+    with pytest.raises(ValueError, match="not (a step-time expression|an expression)"):
+        parse_infix(text)

@@ -160,6 +160,23 @@ def test_find_experiments_at_any_depth(tmp_path):
     assert Path(specs[1].path).parent.name == "h100"
 
 
+def test_find_experiments_refuses_one_folder_under_two_names(tmp_path):
+    d = _make(tmp_path / "real")
+    (tmp_path / "a").symlink_to(d)
+    (tmp_path / "b").symlink_to(d)
+    with pytest.raises(InputError, match="the same experiment folder as"):
+        find_experiments(tmp_path)
+
+
+def test_a_folder_with_a_results_folder_of_its_own_is_not_a_broken_experiment(tmp_path):
+    _make(tmp_path / "x").rename(tmp_path / "a-run")
+    (tmp_path / "notes" / "sub" / "results").mkdir(parents=True)  # not an experiment's results
+    assert [s.name for s in find_experiments(tmp_path)] == ["a-run"]
+    (tmp_path / "notes" / "sub" / "results" / "summary_lifecycle_metrics.json").write_text("{}")
+    with pytest.raises(InputError, match="beside the experiment's other files"):
+        find_experiments(tmp_path)
+
+
 def test_find_experiments_refuses_two_of_one_name(tmp_path):
     _make(tmp_path / "h100" / "x").rename(tmp_path / "h100" / "run")
     _make(tmp_path / "a100" / "x").rename(tmp_path / "a100" / "run")

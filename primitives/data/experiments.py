@@ -401,21 +401,28 @@ def load_experiment(directory: str | Path) -> ExperimentSpec:
     )
 
 
+def _broken_copy(folder: Path) -> bool:
+    """FOLDER holds an experiment's own files (its load profile, or lifecycle results) but
+    no exp-config.yaml: a broken copy, not an unrelated folder (any folder may have a
+    ``results/`` of its own)."""
+    results = folder / "results"
+    return (folder / PROFILE).exists() or (results.is_dir() and any(results.glob("*lifecycle_metrics.json")))
+
+
 def _experiment_dirs(folder: Path, seen: set[Path] | None = None):
     """The experiment folders below FOLDER, at any depth, skipping hidden folders."""
     seen = seen if seen is not None else {folder.resolve()}
     for d in sorted(folder.iterdir(), key=lambda d: d.name):
-        if not d.is_dir() or d.name.startswith(".") or d.resolve() in seen:
-            continue  # a folder reached twice (a symbolic link's loop) is searched once
-        seen.add(d.resolve())
+        if not d.is_dir() or d.name.startswith("."):
+            continue
         if (d / EXP_CONFIG).exists():
             yield d  # an experiment's own folder is not searched further
-        elif (d / PROFILE).exists() or (d / "results").is_dir():
-            # an experiment's other files without exp-config.yaml: a broken copy, not an
-            # unrelated folder; skipping it would drop the experiment without a word
+        elif _broken_copy(d):
+            # skipping it would drop the experiment without a word
             msg = "file not found, beside the experiment's other files; expected both"
             raise InputError(d / EXP_CONFIG, None, msg)
-        else:
+        elif d.resolve() not in seen:  # a folder reached twice (a symbolic link's loop) is searched once
+            seen.add(d.resolve())
             yield from _experiment_dirs(d, seen)
 
 
@@ -430,9 +437,13 @@ def find_experiments(root: str | Path) -> list[ExperimentSpec]:
     if (root / EXP_CONFIG).exists():
         return [load_experiment(root)]
     dirs: dict[str, Path] = {}
+    by_target: dict[Path, Path] = {}
     for d in _experiment_dirs(root):
         if d.name in dirs:  # the folder's name is the experiment's name in every table and JSON
             raise InputError(d, None, f"two experiments named {d.name!r} (the other: {dirs[d.name]}); expected one")
+        other = by_target.setdefault(d.resolve(), d)
+        if other != d:  # links: one experiment would be scored twice, under two names
+            raise InputError(d, None, f"the same experiment folder as {other}; expected each experiment once")
         dirs[d.name] = d
     if not dirs:
         msg = "no experiment directory (holding exp-config.yaml) at any depth below this directory"
