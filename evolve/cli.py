@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from archive.entry import ArchiveEntry
 from evolve.cli_parser import PROG, build_parser
-from evolve.kernel_floor_view import print_floor_note
+from evolve.kernel_floor_view import print_floor_note, print_run_floor_note
 from evolve.report import clean, entry_record, fmt_cell, make_console, print_coverage_note
 from primitives.errors import InputError, writable_dir
 from primitives.files import atomic_write_text, regular_target
@@ -186,6 +186,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         kill_workers()
     where, then = f"run directory: {run_dir}", f"(next: {PROG} archive best)"
     print(where + ("\n" if len(where) + 2 + len(then) > 80 else "  ") + then)  # a long path: two lines
+    print_run_floor_note(run_dir)
     return 0
 
 

@@ -129,6 +129,21 @@ def print_floor_note(
         print(note)
 
 
+def print_run_floor_note(run_dir: Path) -> None:
+    """``print_floor_note`` for the model a finished run recommends (the end of ``run``);
+    nothing where the run left no front."""
+    from archive.rundir import RunDir
+    from archive.select import recommend
+    from archive.store import ArchiveStore
+
+    try:
+        with ArchiveStore(RunDir(run_dir).archive, create=False, read_only=True) as store:
+            best = recommend(store.front())
+    except Exception:  # noqa: BLE001 - interrupted before a front, or a damaged archive: said elsewhere
+        return
+    print_floor_note(best, Path(run_dir), DeploymentResolver())
+
+
 __all__ = [
     "FLOOR_CAPTION",
     "FLOOR_TITLE",
@@ -139,5 +154,6 @@ __all__ = [
     "floor_rows",
     "floor_table",
     "print_floor_note",
+    "print_run_floor_note",
     "run_resolver",
 ]

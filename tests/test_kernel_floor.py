@@ -175,3 +175,14 @@ def test_the_view_prices_with_the_runs_own_kernel_tables(tmp_path, monkeypatch, 
     _project(tmp_path / "b", roofline, run_config={"kernels": str(tables)})
     assert main(["archive", "best", "--run-dir", "b/runs/r"]) == 0
     assert "prices some steps below the measured kernels" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_run_ends_with_the_note_for_the_model_it_recommends(tmp_path, monkeypatch, capsys):
+    from evolve.kernel_floor_view import print_run_floor_note
+
+    monkeypatch.chdir(tmp_path)
+    _project(tmp_path, f"0.5*({KERNELS})")
+    print_run_floor_note(tmp_path / "runs" / "r")
+    assert "prices some steps below the measured kernels" in " ".join(capsys.readouterr().out.split())
+    print_run_floor_note(tmp_path / "nowhere")  # interrupted before its first front: nothing to say
+    assert capsys.readouterr().out == ""
