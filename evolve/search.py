@@ -228,6 +228,13 @@ class Search:
             raise InputError(path, None, "not a checkpoint of this program; cannot resume from it")
         for key, want in (owner or {}).items():
             got = payload.get("owner", {}).get(key)
+            if got != want and key == "fingerprint":  # same run, other data: say so, not "another run"
+                raise InputError(
+                    path,
+                    key,
+                    f"the run's data changed since it was made ({got!r} then, {want!r} now): a step trace or"
+                    " an experiment was added, removed or changed; restore them to resume, or start a new run",
+                )
             if got != want:
                 raise InputError(path, key, f"the checkpoint belongs to another run ({got!r}, this run: {want!r})")
         return payload

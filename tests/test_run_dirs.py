@@ -197,6 +197,13 @@ def _edit_run_json(path: Path, **fields) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
 
 
+def test_a_resume_over_changed_data_says_so(done, work, capsys):
+    lines = (work / "good.csv").read_text().splitlines(keepends=True)
+    (work / "good.csv").write_text("".join(lines[:-1]))  # one step row fewer
+    rc, _, err = call(["run", "--generations", "2", "--resume", "runs/a"], capsys)
+    assert_one_line_error(rc, err, "checkpoint.pkl", "fingerprint", "the run's data changed since it was made")
+
+
 def test_a_checkpoint_of_another_run_is_refused(done, work, capsys):
     assert call(["run", *TINY, "--run-dir", "runs/b", "--seed", "1"], capsys)[0] == 0
     (done / "checkpoint.pkl").write_bytes((work / "runs" / "b" / "checkpoint.pkl").read_bytes())
