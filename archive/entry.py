@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import asdict, dataclass, field
 
-from primitives.language import check_infix
+from primitives.infix_syntax import check_infix
 
 
 def entry_id_for(simplified_expression: str) -> str:

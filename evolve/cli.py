@@ -243,8 +243,9 @@ def cmd_archive_best(args: argparse.Namespace) -> int:
         highlight=False,
         soft_wrap=True,
     )
-    print_coverage_note(best, Path(path).parent, _resolver(args))
-    print_floor_note(best, Path(path).parent, _resolver(args))
+    resolver = _resolver(args)
+    print_coverage_note(best, Path(path).parent, resolver)
+    print_floor_note(best, Path(path).parent, resolver)
     return 0
 
 

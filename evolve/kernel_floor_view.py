@@ -18,18 +18,21 @@ from __future__ import annotations
 import textwrap
 import warnings
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from archive.entry import ArchiveEntry
-from primitives.deployment import CATALOG_TPS, Deployment, DeploymentResolver
 
-FloorRatios = list[tuple[Deployment, float | None]]
+if TYPE_CHECKING:  # the CLI imports this module at start-up: sympy and numpy come with the first use
+    from primitives.deployment import Deployment, DeploymentResolver
+
+FloorRatios = list[tuple["Deployment", float | None]]
 
 
 def run_resolver(entry: ArchiveEntry, fallback: DeploymentResolver) -> DeploymentResolver:
     """The resolver ENTRY's run used (its model configs, datasheet and kernel tables, as
     recorded in ``run_config``) where those paths are still there, else FALLBACK."""
+    from primitives.deployment import DeploymentResolver
+
     rc = entry.run_config or {}
     paths = [rc.get(k) for k in ("model_configs", "gpu_datasheet", "kernels")]
     if not any(paths) or not all(Path(v).exists() for v in paths if v):
@@ -49,6 +52,8 @@ def catalog_floor(
     model configs and kernel tables where they are still found. None where it cannot be
     told: the run's data is gone, an expression of other primitives, anything amiss (a
     courtesy, never an error)."""
+    import numpy as np
+
     from fitness.physics_check import kernel_floor_by_deployment
     from primitives.language import parse_infix
     from primitives.registry import PRIMITIVE_BY_NAME
@@ -96,6 +101,8 @@ FLOOR_CAPTION = (
 
 def floor_rows(ratios: FloorRatios) -> list[list[str]]:
     """One row per catalog model: its name, then one cell per TP of ``CATALOG_TPS``."""
+    from primitives.deployment import CATALOG_TPS
+
     by_model: dict[str, dict[int, str]] = {}
     for d, r in ratios:
         by_model.setdefault(d.model.name, {})[d.tp] = "-" if r is None else (f"{r:.2f} !" if r < 1 else f"{r:.2f}")
@@ -105,6 +112,8 @@ def floor_rows(ratios: FloorRatios) -> list[list[str]]:
 def floor_table(ratios: FloorRatios):
     """``floor_rows`` as a rich table."""
     from rich.table import Table
+
+    from primitives.deployment import CATALOG_TPS
 
     table = Table(title=f"{FLOOR_TITLE} ({ratios[0][0].gpu.name})", caption=FLOOR_CAPTION)
     table.add_column("model")
@@ -135,6 +144,7 @@ def print_run_floor_note(run_dir: Path) -> None:
     from archive.rundir import RunDir
     from archive.select import recommend
     from archive.store import ArchiveStore
+    from primitives.deployment import DeploymentResolver
 
     try:
         with ArchiveStore(RunDir(run_dir).archive, create=False, read_only=True) as store:

@@ -19,7 +19,6 @@ from fitness.step_scatter import StepScatter
 from primitives import checks
 from primitives.errors import InputError
 from primitives.files import read_mapping
-from primitives.registry import PRIMITIVE_BY_NAME
 
 MAX_SEED = 2**63 - 1  # sqlite's INTEGER
 # options a resumed run takes from run.json: RunConfig field -> its flag
@@ -78,6 +77,8 @@ def _saved_config(path: Path) -> RunConfig:
         bounds = saved.setdefault(key, {})
         if not isinstance(bounds, dict):
             raise InputError(path, key, f"expected a mapping of primitive to a number, got {bounds!r}")
+        from primitives.registry import PRIMITIVE_BY_NAME  # sympy: on a resume, not at the CLI's start-up
+
         for name, bound in bounds.items():
             if getattr(PRIMITIVE_BY_NAME.get(name), "unit", None) != "us":
                 raise InputError(path, f"{key}.{name}", "expected the name of a µs primitive")

@@ -11,7 +11,6 @@ Go printer) and its Go form (printed by ``translate_go``).
 
 from __future__ import annotations
 
-import ast
 import math
 import struct
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import numpy as np
 import sympy as sp
 from sympy.printing.str import StrPrinter
 
+from primitives.infix_syntax import INFIX_CALLS, check_infix
 from primitives.registry import PRIMITIVE_BY_NAME
 
 PDIV_EPS = 1e-9
@@ -318,36 +318,7 @@ def linear_model_sympy(terms: Sequence[Program], coefficients: Sequence[float], 
 
 
 INFIX_FUNCTIONS = {"pdiv": pdiv, "Max": sp.Max, "Min": sp.Min, "sqrt": sp.sqrt, "Abs": sp.Abs, "log": sp.log}
-# what an expression's text may hold: sympy's parser evaluates it as Python, so an archive
-# from elsewhere must not reach it with anything but arithmetic and the functions and
-# conditions sympy prints and the Go printer reads (Piecewise of comparisons, for one)
-_INFIX_CALLS = {*INFIX_FUNCTIONS, "max", "min", "abs"}  # sympy's parser reads the last three as Max, Min, Abs
-_INFIX_CALLS |= {"exp", "floor", "ceiling", "Piecewise", "ITE", "Not", "And", "Or"}
-_INFIX_NODES = (
-    ast.Expression, ast.BinOp, ast.UnaryOp, ast.Call, ast.Name, ast.Constant, ast.Load, ast.Tuple,
-    ast.Compare, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow, ast.USub, ast.UAdd, ast.BitAnd,
-    ast.BitOr, ast.Invert, ast.Gt, ast.GtE, ast.Lt, ast.LtE, ast.Eq, ast.NotEq,
-)  # fmt: skip
-
-
-def check_infix(text: str) -> None:
-    """ValueError unless TEXT is arithmetic (+ - * / **) on names and numbers, comparisons
-    and calls of ``_INFIX_CALLS``: the only text ``parse_infix`` may evaluate."""
-    try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError as exc:
-        raise ValueError(f"not an expression ({exc.msg})") from None
-    for node in ast.walk(tree):
-        if not isinstance(node, _INFIX_NODES):
-            raise ValueError(f"not a step-time expression ({type(node).__name__} is not arithmetic)")
-        if isinstance(node, ast.Call) and (
-            not isinstance(node.func, ast.Name) or node.func.id not in _INFIX_CALLS or node.keywords
-        ):
-            raise ValueError(f"not a step-time expression (calls {ast.unparse(node.func)!r})")
-        if isinstance(node, ast.Name) and node.id.startswith("_"):
-            raise ValueError(f"not a step-time expression (the name {node.id!r})")
-        if isinstance(node, ast.Constant) and not isinstance(node.value, (int, float)):  # a bool is an int
-            raise ValueError(f"not a step-time expression (the constant {node.value!r})")
+assert set(INFIX_FUNCTIONS) <= INFIX_CALLS, "infix_syntax must let the parser's functions through"
 
 
 def parse_infix(text: str) -> sp.Expr:

@@ -374,3 +374,11 @@ def test_a_replay_run_counts_its_experiments_deployments_too(shared_data: Path):
     fitted = {(d.model, d.tp) for d in fitted_deployments(e)}
     assert {("llama-2-70b", 4), ("codellama-34b", 2)} <= fitted and ("meta-llama/Llama-2-7b-hf", 1) in fitted
     assert {(d.model, d.tp) for d in run_deployments(e)} == {("llama-2-70b", 4), ("codellama-34b", 2)}  # traces first
+
+
+def test_the_command_line_starts_without_sympy():
+    """Every command (--version, --help, a bad option) pays for sympy only when it prices
+    an expression: archive.entry checks expressions with ast alone."""
+    code = "import sys, evolve.cli, archive.entry; print('sympy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "False"

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
+from primitives.infix_syntax import check_infix
 from primitives.language import (
     additive_terms,
     canonical,
-    check_infix,
     evaluate_expr,
     evaluate_program,
     parse_infix,
