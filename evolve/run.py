@@ -170,7 +170,9 @@ def prepare_context(config: RunConfig, resolver: DeploymentResolver):
         None,
         config.replay_weight,
         efficiency_bounds=as_bounds(config.efficiency_bounds, config.efficiency_caps, config.efficiency_floors),
-        probes=PhysicsProbes.build(deployments, names, floor_fraction=config.efficiency_bounds[0]),
+        # every deployment the export ships: data from two of them cannot tell weight streaming
+        # from a constant, the other deployments' kernels can
+        probes=PhysicsProbes.build(resolver.with_catalog(deployments), names, config.efficiency_bounds[0]),
     )
     return ctx, names, data
 

@@ -10,9 +10,10 @@ from scipy.optimize import lsq_linear, nnls
 def bounded_gram(G: np.ndarray, h: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray | None:
     """min ||A x - b||, lower <= x <= upper, from the (k x k) normal equations G = A^T A, h = A^T b.
 
-    A column that is all zero gets x = 0 (its lower bound would otherwise force a value
-    that the data can not see; an efficiency term that is zero on every row is unused). A
-    term pinned by lower == upper gets exactly that value.
+    A column that is all zero is work the data never saw: it gets its lower bound (0 where
+    that is not finite), so an efficiency term prices unseen work at its ideal or measured
+    time, not at nothing; the fit itself cannot tell. A term pinned by lower == upper gets
+    exactly that value.
     """
     norms = np.sqrt(np.diag(G))
     keep = norms > 1e-12
@@ -34,7 +35,7 @@ def bounded_gram(G: np.ndarray, h: np.ndarray, lower: np.ndarray, upper: np.ndar
             sol = np.clip(lsq_linear(L.T, y, bounds=(lo, hi), method="bvls").x, lo, hi)  # bvls may overshoot by ulps
     except (np.linalg.LinAlgError, RuntimeError, ValueError):
         return None
-    theta = np.zeros(len(G))
+    theta = np.where(np.isfinite(lower), lower, 0.0)  # unseen work (see above)
     pinned = lower[keep] == upper[keep]
     theta[keep] = np.where(pinned, lower[keep], sol / nk)  # a pinned term is its bound, not bvls's ulp past it
     return theta

@@ -1,13 +1,13 @@
 """Physics probes: steps on which a fitted step time must be monotone in work and no faster than its kernels.
 
-For every deployment of the data, synthetic batches span the regimes a server meets
-(empty to 128 decoding requests, contexts from 64 to 16k tokens, no prefill to a full
-2,048-token chunk). Each has three heavier twins: 256 more prefill tokens, one more
-decoding request, and 64 more tokens of KV per request. A candidate whose fitted step
-time is lower on a twin than on its batch is not physics (it would make a server faster
-under more load) and scores worst. The probes are built from per-request rows with the
-same reductions as every other row (``primitives.compute``), so every primitive has a
-value on them.
+For every deployment the export ships (``DeploymentResolver.with_catalog``), synthetic
+batches span the regimes a server meets (empty to 128 decoding requests, contexts from 64
+to 16k tokens, no prefill to a full 2,048-token chunk). Each has three heavier twins: 256
+more prefill tokens, one more decoding request (at the batch's mean decode context), and
+64 more tokens of KV per request. A candidate whose fitted step time is lower on a twin
+than on its batch is not physics (it would make a server faster under more load) and
+scores worst. The probes are built from per-request rows with the same reductions as
+every other row (``primitives.compute``), so every primitive has a value on them.
 
 The kernel floor: on every probe, the step can not run faster than ``floor_fraction``
 (the lower efficiency bound, 1 by default) times the sum of the measured kernels it
@@ -38,11 +38,18 @@ MORE_PREFILL_TOKENS, MORE_KV_TOKENS = 256, 64
 TOLERANCE = 1e-9  # relative: round-off of equal predictions is not a violation
 
 
-def _batch(decodes: int, context: int, chunk: int, extra_kv: int = 0) -> np.ndarray:
-    """Rows (progress, new_tokens, input_len, output_len) of one batch."""
+def _batch(decodes: int, context: int, chunk: int, extra_kv: int = 0, one_more: bool = False) -> np.ndarray:
+    """Rows (progress, new_tokens, input_len, output_len) of one batch; ONE_MORE adds a decoding
+    request at the batch's mean decode context as the aggregate primitives see it (the chunk's
+    cached prefix is read with the decodes': ``decode_attention_time_us``). One more request
+    like the others is more work; one shorter than the mean would lower the mean context the
+    decode-attention lookup prices, which at a small, launch-bound batch can cost 0.1% less."""
     rows = [(context + extra_kv, 1, context // 2, context - context // 2)] * decodes
+    prefix = context // 4 + extra_kv  # a cached prefix the chunk attends to
+    if one_more:
+        mean = context + extra_kv + (prefix / decodes if chunk and decodes else 0.0)
+        rows = rows + [(mean, 1, context // 2, context - context // 2)]
     if chunk:
-        prefix = context // 4 + extra_kv  # a cached prefix the chunk attends to
         rows.append((prefix, chunk, prefix + chunk + 1, 0))
     return np.array(rows, dtype=np.float64).reshape(-1, 4)
 
@@ -57,7 +64,7 @@ def probe_batches() -> list[tuple[np.ndarray, list[np.ndarray]]]:
                     continue
                 twins = [
                     _batch(d, c, p + MORE_PREFILL_TOKENS),
-                    _batch(d + 1, c, p),
+                    _batch(d, c, p, one_more=True),
                     _batch(d, c, p, MORE_KV_TOKENS),
                 ]
                 out.append((_batch(d, c, p), twins))

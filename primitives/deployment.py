@@ -413,6 +413,21 @@ class DeploymentResolver:
                         out.append(d)
         return out
 
+    def with_catalog(self, deployments: list[Deployment]) -> list[Deployment]:
+        """DEPLOYMENTS, then every catalog deployment on each of their GPUs that is not among
+        them: where the search holds a candidate to physics (its probes), since the Go export
+        ships it for all of them, not only for the deployments of its data."""
+        out, keys = list(deployments), {d.key for d in deployments}
+        primaries = {}  # one per GPU: the catalog on it is the same from any of its deployments
+        for d in deployments:
+            primaries.setdefault(d.gpu.name, d)
+        for primary in primaries.values():
+            for d in self.catalog_deployments(primary)[1:]:
+                if d.key not in keys:
+                    out.append(d)
+                    keys.add(d.key)
+        return out
+
     def resolve_experiment(self, spec) -> Deployment:
         """The deployment of an ``ExperimentSpec``; errors name its ``exp-config.yaml``."""
         source = Path(spec.path) / "exp-config.yaml" if spec.path else spec.name

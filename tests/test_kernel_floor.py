@@ -186,3 +186,24 @@ def test_a_run_ends_with_the_note_for_the_model_it_recommends(tmp_path, monkeypa
     assert "prices some steps below the measured kernels" in " ".join(capsys.readouterr().out.split())
     print_run_floor_note(tmp_path / "nowhere")  # interrupted before its first front: nothing to say
     assert capsys.readouterr().out == ""
+
+
+def test_the_search_holds_the_floor_on_every_deployment_the_export_ships():
+    """Two traced deployments that each stream about 34 GB of weights per GPU cannot tell weight
+    streaming from a constant; the kernels of the catalog's other deployments can."""
+    from evolve.config import RunConfig
+    from evolve.run import prepare_context
+    from fitness.physics_check import probe_check
+    from fitness.physics_probes import probe_batches
+
+    r = default_resolver()
+    traced = [r.resolve("meta-llama/Llama-2-70b-hf", 4), r.resolve("codellama/CodeLlama-34b-Instruct-hf", 2)]
+    probed = r.with_catalog(traced)
+    assert probed[:2] == traced  # the data's deployments first, then each catalog one once
+    assert sorted(d.key for d in probed) == sorted(d.key for d in _deployments())
+    # the trace command's model before the rule: a 7.5 ms constant where weights stream
+    constant = "7518.56 + decode_attention_time_us + matmul_time_us + 46.3855*allreduce_calls"
+    assert probe_check(constant, traced, 1.0)["kernel_floor_ratio_min"] > 1.2
+    assert probe_check(constant, probed, 1.0)["kernel_floor_ratio_min"] < 0.6  # CodeLlama-34B at TP1
+    ctx, _, _ = prepare_context(RunConfig(generations=1), r)  # the run's probes: the catalog too
+    assert len(ctx.probes.floor_us) >= len(probe_batches()) * len(_deployments())

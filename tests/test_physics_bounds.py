@@ -176,7 +176,8 @@ def test_models_faster_under_more_work_score_worst():
 
 
 def test_every_primitive_is_monotone_on_the_probes():
-    deps = [R.resolve(m, tp) for m, tp in [("llama-2-7b", 1), ("mixtral-8x7b-v0-1", 2), ("llama-2-70b", 4)]]
+    # every deployment the search probes: a primitive's own wiggle would reject every candidate using it
+    deps = R.with_catalog([R.resolve("llama-2-7b", 1)])
     from primitives.registry import PRIMITIVES
 
     probes = PhysicsProbes.build(deps, [p.name for p in PRIMITIVES])
@@ -256,3 +257,17 @@ def test_the_run_default_bounds_are_the_scoring_default():
     from fitness.efficiency import DEFAULT_EFFICIENCY_BOUNDS
 
     assert tuple(RunConfig().efficiency_bounds) == DEFAULT_EFFICIENCY_BOUNDS == (1.0, 4.0)
+
+
+def test_work_the_data_never_saw_is_priced_at_its_lower_bound():
+    """A decode-only trace never shows prefill: its efficiency term keeps its ideal time (the
+    lower bound), not nothing, so the fit still pays for prefill on the probes."""
+    import numpy as np
+
+    from fitness.bounded_lsq import bounded_gram
+
+    seen = np.array([1.0, 2.0, 3.0, 5.0])
+    a = np.column_stack([seen, np.zeros(4), np.zeros(4), np.ones(4)])  # efficiency, unseen efficiency, unseen count
+    b = 2.0 * seen + 5.0
+    lower, upper = np.array([1.0, 1.0, 0.0, -np.inf]), np.array([4.0, 4.0, np.inf, np.inf])
+    assert bounded_gram(a.T @ a, a.T @ b, lower, upper) == pytest.approx([2.0, 1.0, 0.0, 5.0])
