@@ -360,11 +360,16 @@ def _kv_byte_prices(gpus, quantile: float) -> list[float]:
 
 def efficiency_caps(gpus) -> dict[str, float]:
     """Upper bounds of µs primitives' efficiencies that the GPUs' measured kernels price
-    (``fitness.efficiency``): ``kv_io_time_us``, at the dearest of the GPUs' KV byte prices.
-    GPUs without measured kernels, or whose decode tables are all launch-bound (no KV
-    price to read), add nothing."""
+    (``fitness.efficiency``): ``kv_io_time_us``, at the dearest of the GPUs' KV byte prices;
+    ``decode_attention_time_us`` (the measured kernel itself, whose KV byte costs its typical
+    price) at that cap over the cheapest typical price, so that a KV byte has one price
+    whichever primitive carries it. GPUs without measured kernels, or whose decode tables are
+    all launch-bound (no KV price to read), add nothing."""
     prices = _kv_byte_prices(gpus, KV_PRICE_CAP_QUANTILE)
-    return {"kv_io_time_us": round(max(prices), 4)} if prices else {}
+    if not prices:
+        return {}
+    cap = round(max(prices), 4)
+    return {"decode_attention_time_us": round(cap / efficiency_floors(gpus)["kv_io_time_us"], 4), "kv_io_time_us": cap}
 
 
 def efficiency_floors(gpus) -> dict[str, float]:

@@ -53,8 +53,10 @@ def test_h100s_measured_kernels_price_a_kv_byte_near_its_roofline():
     resolver = default_resolver()
     gpu = resolver.gpu(resolver.default_gpu)
     caps = efficiency_caps([gpu])
-    assert set(caps) == {"kv_io_time_us"}
+    assert set(caps) == {"kv_io_time_us", "decode_attention_time_us"}
     assert 1.0 < caps["kv_io_time_us"] < 1.3  # 1.16 on H100: bandwidth-bound, 16% dearer at the 95th percentile
+    # the kernel's own KV byte costs the median price (1.0549): 1.0996 of it is the same cap
+    assert caps["decode_attention_time_us"] == pytest.approx(1.16 / 1.0549, abs=1e-4)
     no_kernels = type(gpu)(gpu.name, gpu.dense_flops_per_s, gpu.hbm_bytes_per_s, gpu.nvlink_bytes_per_s, 1.0)
     assert efficiency_caps([no_kernels]) == {}
 

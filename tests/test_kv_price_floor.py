@@ -45,7 +45,7 @@ def test_the_floor_is_the_median_marginal_price_and_the_cap_its_dear_end(tmp_pat
     resolver = default_resolver()
     h100 = resolver.gpu(resolver.default_gpu)
     assert efficiency_floors([h100]) == {"kv_io_time_us": 1.0549}
-    assert efficiency_caps([h100]) == {"kv_io_time_us": 1.16}
+    assert efficiency_caps([h100]) == {"decode_attention_time_us": 1.0996, "kv_io_time_us": 1.16}
     no_kernels = type(h100)(h100.name, h100.dense_flops_per_s, h100.hbm_bytes_per_s, h100.nvlink_bytes_per_s, 1.0)
     assert efficiency_floors([no_kernels]) == {}
     made_up = type(h100)(
@@ -53,7 +53,11 @@ def test_the_floor_is_the_median_marginal_price_and_the_cap_its_dear_end(tmp_pat
     )
     # two GPUs: the floor is the lower of their medians, the cap the higher 95th percentile
     assert efficiency_floors([h100, made_up]) == {"kv_io_time_us": 1.0549}
-    assert efficiency_caps([h100, made_up]) == {"kv_io_time_us": pytest.approx(np.quantile(prices, 0.95), abs=1e-4)}
+    cap = np.quantile(prices, 0.95)
+    assert efficiency_caps([h100, made_up]) == {
+        "kv_io_time_us": pytest.approx(cap, abs=1e-4),
+        "decode_attention_time_us": pytest.approx(round(cap, 4) / 1.0549, abs=1e-4),
+    }
 
 
 def test_a_primitive_is_floored_only_where_it_has_a_floor_and_the_interval_is_never_empty():
