@@ -327,10 +327,9 @@ def _kv_count_line(rows: list[dict], experiments: str | None, seed: int) -> str:
 def cmd_validate(args: argparse.Namespace) -> int:
     _must_exist(args.experiments, "--experiments", "dir")
     _check_writable_file(args.json, "--json")
-    if args.report and args.mode:
-        raise InputError("--report", None, f"the report is of the closed-loop validation; drop --{args.mode}")
-    if args.step_time_scale != 1.0 and args.mode:
-        raise InputError("--step-time-scale", None, f"a what-if of the closed-loop validation; drop --{args.mode}")
+    closed = {"--report": args.report, "--step-time-scale": args.step_time_scale != 1.0, "--headroom": args.headroom}
+    for flag in [f for f, given in closed.items() if given and args.mode]:
+        raise InputError(flag, None, f"only with the closed-loop validation; drop --{args.mode}")
     if args.step_scatter != "none":
         _must_exist(args.step_scatter, "--step-scatter", "dir")
     report_dir = writable_dir(args.report, "--report") if args.report else None
@@ -367,6 +366,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             load_draws=args.load_draws,
             step_time_scale=args.step_time_scale,
             step_scatter=scatter,
+            headroom=bool(args.headroom or report_dir),
         )
     if args.json:
         mode = {"mode": args.mode or "closed-loop", "lomo": args.mode == "lomo"}

@@ -223,8 +223,16 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
         help="each simulated step scatters around the model's time as the real steps in these traces"
         " do around their neighbours; none: no scatter (default: the scatter the entry's run measured)",
     )
+    p.add_argument(
+        "--headroom",
+        action="store_true",
+        help="closed loop: per experiment, the factor on step time and on load at which more than 1%%"
+        " of the requests time out (bisection: about 16 s more for 16 experiments, one draw)",
+    )
     p.add_argument("--baseline", action="store_true", help="also fit and run the BLIS blackbox baseline (slow)")
-    p.add_argument("--report", metavar="DIR", help="write a self-contained HTML report there (implies --baseline)")
+    p.add_argument(
+        "--report", metavar="DIR", help="write a self-contained HTML report there (implies --baseline, --headroom)"
+    )
 
     p = sub.add_parser("export-go", help="write the model as Go: a BLIS backend or a stand-alone package")
     p.add_argument("id", metavar="ID")

@@ -5,7 +5,8 @@ beside it is needed): the errors of the means and tails per experiment and per l
 stage, predicted against observed for the mean, p90 and p99 of E2E, TTFT and ITL, each
 experiment's percentile curves (observed p0.1 ... p99.9 from the lifecycle files against
 the simulated ones, for E2E and TTFT, whole run and per stage), the ranking check against
-the BLIS blackbox baseline, and the model: expression, fitted efficiencies
+the BLIS blackbox baseline, the headroom before requests time out (with ``--headroom``:
+``fitness.headroom``), and the model: expression, fitted efficiencies
 (``fitness.physics_check.term_efficiencies``), overheads and data fingerprint.
 """
 
@@ -18,6 +19,7 @@ from html import escape
 from pathlib import Path
 
 from evolve.validation_view import LABELS, experiment_label, predicted_vs_observed_figure, scatter_note
+from fitness.headroom import KNOBS, factor_text
 from primitives.distribution import PERCENTILES, stat_key
 from primitives.files import atomic_write_text
 
@@ -189,7 +191,10 @@ def curves_figure(item: dict):
         ax.set_title(LABELS[m])
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=7, frameon=False)
+    if not labels:  # no curve at all: every request timed out, and no results to compare
+        axes[0].text(0.5, 0.5, "no successful request", transform=axes[0].transAxes, ha="center")
+    else:
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.06 * ((len(labels) + 3) // 4), 1, 1))
     return fig
 
@@ -225,6 +230,25 @@ def _ranking_section(result: dict) -> str:
         "Kendall's tau (tau-b) is over every experiment with results, close pairs included.</p>"
     )
     return _table(header, rows) + note + (f"<ul>{''.join(details)}</ul>" if details else "")
+
+
+def _headroom_section(result: dict) -> str:
+    """The factors on step time and on load at which more than the threshold of requests fail."""
+    headroom = result.get("headroom")
+    if not headroom:
+        return "<p class='note'>not measured: <code>validate --headroom</code> adds it.</p>"
+    share = f"{100 * headroom['failed_threshold']:g}%"
+    rows = [
+        [escape(experiment_label(i)), f"{100 * i['failure_fraction_pred']:.1f}%"]
+        + [escape(factor_text(i[knob])) for knob in KNOBS]
+        for i in headroom["experiments"]
+    ]
+    note = (
+        f"<p class='note'>Per experiment, every step that factor slower, or every stage's rate that factor "
+        f"higher, and more than {share} of the requests time out. Below x1 an experiment fails already: the "
+        "factor at which it would stop. Near saturation a few percent decide it.</p>"
+    )
+    return note + _table(["experiment", "failed", "step time", "load"], rows)
 
 
 def _baseline_section(result: dict) -> str:
@@ -345,6 +369,8 @@ def render(result: dict, entry, experiments_dir: str = "", run_dir: Path | None 
         _img(fig, "predicted against observed"),
         "<h2>Ranking check</h2>",
         _ranking_section(result),
+        "<h2>Headroom before requests time out</h2>",
+        _headroom_section(result),
         "<h2>Percentile curves (observed solid, simulated dashed)</h2>",
         curves,
         "<h2>The model</h2>",

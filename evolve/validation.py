@@ -41,6 +41,7 @@ from evolve.validation_view import VALIDATE_MODES as MODES
 from evolve.validation_view import plot_predicted_vs_observed
 from fitness.dataset import build_step_table
 from fitness.efficiency import DEFAULT_EFFICIENCY_BOUNDS, run_efficiency_bounds
+from fitness.headroom import headroom as find_headroom
 from fitness.ranking import ranking_check
 from fitness.replay_rows import REPLAY_METRICS, ReplayRows
 from fitness.scoring import error_stats
@@ -79,6 +80,7 @@ def validate_entry(
     load_draws: int = 1,
     step_time_scale: float = 1.0,
     step_scatter: StepScatter | str | None = RUN_SCATTER,
+    headroom: bool = False,
 ) -> dict:
     """Closed-loop validation of an entry (``mode`` None), or one of the transfer checks (``MODES``).
 
@@ -91,7 +93,8 @@ def validate_entry(
     ``step_scatter``: each simulated step (the transfer checks' recordings and the baseline's
     too) takes the model's time times a draw from a scatter measured in real traces
     (``fitness.step_scatter``): by default (``RUN_SCATTER``) the one the entry's run measured
-    and searched with; None: none.
+    and searched with; None: none. ``headroom`` (closed loop only): per experiment, the factors
+    on step time and on load at which more than 1% of the requests fail (``fitness.headroom``).
 
     The closed-loop validation also checks how the entry ranks the experiments' tails
     (``fitness.ranking``); ``baseline`` adds the BLIS blackbox baseline (``evolve.baseline``)
@@ -99,8 +102,8 @@ def validate_entry(
     """
     if mode not in MODES:
         raise InputError(mode, "mode", f"expected one of {', '.join(m for m in MODES if m)}")
-    if step_time_scale != 1.0 and mode is not None:
-        raise InputError("step_time_scale", None, "a what-if of the closed-loop validation only")
+    if (step_time_scale != 1.0 or headroom) and mode is not None:
+        raise InputError("step_time_scale/headroom", None, "of the closed-loop validation only")
     if step_scatter == RUN_SCATTER:
         step_scatter = run_scatter(entry.run_config)
     experiments_dir = Path(experiments_dir)
@@ -132,6 +135,10 @@ def validate_entry(
     }
     if base:
         result["baseline"] = {**base, "summary": summarise(base["experiments"])}
+    if headroom:
+        failed_now = [item["failure_fraction_pred"] or 0.0 for item in items]
+        args = (specs, resolver, expression, entry.overheads, seed, jobs, load_draws, step_scatter)
+        result["headroom"] = find_headroom(*args, failed_now=failed_now)
     return result
 
 

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from evolve.report import fmt_cell, short_experiment_name
+from fitness.headroom import KNOBS, factor_text
 from fitness.step_scatter import describe_scatter
 
 # ``validate``'s modes (evolve.validation): mode -> (what the command does, the table's title suffix)
@@ -163,6 +164,19 @@ def summary_table(summary: dict, title: str = "Summary: |error| of the experimen
     return Group(t, ", ".join(other))
 
 
+def headroom_table(headroom: dict):
+    """Per experiment: the failed share as modelled, and the factors on step time and on load
+    at which more than the threshold fail (``fitness.headroom``)."""
+    share = f"{100 * headroom['failed_threshold']:g}%"
+    t = _table(f"Headroom: the factor at which more than {share} of requests fail")
+    for col in ("experiment", "failed", "step time", "load"):
+        t.add_column(col, justify="left" if col == "experiment" else "right")
+    for item in headroom["experiments"]:
+        failed = f"{100 * item['failure_fraction_pred']:.1f}%"
+        t.add_row(experiment_label(item), failed, *(factor_text(item[knob]) for knob in KNOBS))
+    return t
+
+
 def scatter_note(result: dict) -> str:
     """One line on the measured step scatter the simulation used ("" without one)."""
     return describe_scatter(result["step_scatter"]) if result.get("step_scatter") else ""
@@ -175,6 +189,9 @@ def print_validation(console, result: dict, title: str) -> None:
     if result.get("ranking"):
         console.print(ranking_table(result["ranking"]))
     console.print(summary_table(result.get("summary", {})))
+    if result.get("headroom"):
+        console.print(headroom_table(result["headroom"]))
+        console.print("x1.30: 30% slower steps (or 30% more load) tip it; below x1: it fails already")
     first = result.get("load_seed", 0)
     if result.get("load_draws", 1) > 1:
         n = result["load_draws"]

@@ -251,7 +251,7 @@ def test_cli_report_and_its_bad_input(tmp_path, monkeypatch, capsys, validated):
     seen = {}
 
     def fake_validate_entry(entry, experiments_dir, mode, resolver, **options):
-        seen.update(baseline=options["baseline"], plot_dir=options["plot_dir"])
+        seen.update(baseline=options["baseline"], plot_dir=options["plot_dir"], headroom=options["headroom"])
         return res
 
     monkeypatch.chdir(tmp_path)
@@ -265,7 +265,7 @@ def test_cli_report_and_its_bad_input(tmp_path, monkeypatch, capsys, validated):
     fake_module(monkeypatch, "evolve.validation", validate_entry=fake_validate_entry)
     (tmp_path / "exps").mkdir()
     assert main(["validate", ENTRY.id, "--experiments", "exps", "--report", "out/rep", "--json", "v.json"]) == 0
-    assert seen == {"baseline": True, "plot_dir": Path("out/rep")}
+    assert seen == {"baseline": True, "plot_dir": Path("out/rep"), "headroom": True}  # the report has both
     assert (tmp_path / "out" / "rep" / f"validate-{ENTRY.id}.html").is_file()
     assert json.loads((tmp_path / "v.json").read_text())["ranking"][0]["stat"] == "e2e_p99"
     assert "report: " in capsys.readouterr().out
