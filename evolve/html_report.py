@@ -239,7 +239,7 @@ def _headroom_section(result: dict) -> str:
         return "<p class='note'>not measured: <code>validate --headroom</code> adds it.</p>"
     share = f"{100 * headroom['failed_threshold']:g}%"
     rows = [
-        [escape(experiment_label(i)), f"{100 * i['failure_fraction_pred']:.1f}%"]
+        [escape(experiment_label(i)), _pct(i["failure_fraction_pred"])]
         + [escape(factor_text(i[knob])) for knob in KNOBS]
         for i in headroom["experiments"]
     ]

@@ -57,6 +57,13 @@ def fmt_error(value: float | None) -> str:
     return f"[{colour}]{text}[/]"
 
 
+def fmt_share(fraction) -> str:
+    """A fraction as a percentage: one decimal below 1000%, none above ('—' when not a number)."""
+    if not isinstance(fraction, (int, float)):
+        return "—"
+    return f"{100 * fraction:.1f}%" if abs(fraction) < 10 else f"{100 * fraction:.0f}%"
+
+
 def fmt_value(value: float | None, scale: float = 1.0) -> str:
     """Three significant figures or so, without exponents ('—' when missing)."""
     if value is None:
@@ -152,10 +159,9 @@ def summary_table(summary: dict, title: str = "Summary: |error| of the experimen
             rows.setdefault("failed (pp)", {})[key.rsplit("_", 1)[1]] = value
         else:
             other.append(f"{key.replace('_', ' ')} {fmt_cell(key, value)}")
-    pct = lambda x: "—" if x is None else f"{100 * x:.1f}%" if abs(x) < 10 else f"{100 * x:.0f}%"  # noqa: E731
     order = [f"{LABELS[m]} {stat}" for m in LABELS for stat in ("mean", "p50", "p90", "p99")]
     for label, v in sorted(rows.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)):
-        fmt = fmt_value if label == "failed (pp)" else pct
+        fmt = fmt_value if label == "failed (pp)" else fmt_share
         t.add_row(label, fmt(v.get("mean")), fmt(v.get("max")))
     if not other:
         return t
@@ -172,7 +178,7 @@ def headroom_table(headroom: dict):
     for col in ("experiment", "failed", "step time", "load"):
         t.add_column(col, justify="left" if col == "experiment" else "right")
     for item in headroom["experiments"]:
-        failed = f"{100 * item['failure_fraction_pred']:.1f}%"
+        failed = fmt_share(item["failure_fraction_pred"])
         t.add_row(experiment_label(item), failed, *(factor_text(item[knob]) for knob in KNOBS))
     return t
 
@@ -310,7 +316,6 @@ def held_out_table(groups: dict, what: str):
     t.add_column(what, overflow="fold", ratio=1)
     for label in HELD_OUT_COLUMNS.values():
         t.add_column(label, justify="right", no_wrap=True)
-    pct = lambda x: f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "—"  # noqa: E731
     for g, v in groups.items():
-        t.add_row(g, *(pct(v.get(k)) for k in HELD_OUT_COLUMNS))
+        t.add_row(g, *(fmt_share(v.get(k)) for k in HELD_OUT_COLUMNS))
     return Group(f"\nper held-out {what}: |error| of the means (all statistics: --json)", t)
