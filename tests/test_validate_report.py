@@ -238,7 +238,13 @@ def test_html_report_opens_in_a_browser_with_every_image(validated, tmp_path):
     check = json.loads(m.group(1).replace("&quot;", '"'))
     assert check["images"] == 1 + len(res["experiments"]) and check["loaded"] == check["images"]
     assert check["tables"] >= 6
-    for section in ("Summary", "Ranking check", "The model", "Baseline: BLIS blackbox"):
+    for section in (
+        "Summary",
+        "Ranking check",
+        "Headroom before requests time out",
+        "The model",
+        "Baseline: BLIS blackbox",
+    ):
         assert any(h.startswith(section) for h in check["headings"]), check["headings"]
 
 
