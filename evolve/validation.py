@@ -103,7 +103,7 @@ def validate_entry(
     if mode not in MODES:
         raise InputError(mode, "mode", f"expected one of {', '.join(m for m in MODES if m)}")
     if (step_time_scale != 1.0 or headroom) and mode is not None:
-        raise InputError("step_time_scale/headroom", None, "of the closed-loop validation only")
+        raise InputError("step_time_scale/headroom", None, "only with the closed-loop validation")
     if step_scatter == RUN_SCATTER:
         step_scatter = run_scatter(entry.run_config)
     experiments_dir = Path(experiments_dir)
