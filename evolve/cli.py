@@ -328,7 +328,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     _must_exist(args.experiments, "--experiments", "dir")
     _check_writable_file(args.json, "--json")
     closed = {"--report": args.report, "--step-time-scale": args.step_time_scale != 1.0, "--headroom": args.headroom}
-    for flag in [f for f, given in closed.items() if given and args.mode]:
+    if args.mode and (flag := next((f for f, given in closed.items() if given), None)):
         raise InputError(flag, None, f"only with the closed-loop validation; drop --{args.mode}")
     if args.step_scatter != "none":
         _must_exist(args.step_scatter, "--step-scatter", "dir")

@@ -19,7 +19,9 @@ from html import escape
 from pathlib import Path
 
 from evolve.validation_view import LABELS, experiment_label, predicted_vs_observed_figure, scatter_note
+from fitness.headroom import COLUMNS as HEADROOM_COLUMNS
 from fitness.headroom import KNOBS, factor_text
+from fitness.headroom import title as headroom_title
 from primitives.distribution import PERCENTILES, stat_key
 from primitives.files import atomic_write_text
 
@@ -237,18 +239,17 @@ def _headroom_section(result: dict) -> str:
     headroom = result.get("headroom")
     if not headroom:
         return "<p class='note'>not measured: <code>validate --headroom</code> adds it.</p>"
-    share = f"{100 * headroom['failed_threshold']:g}%"
     rows = [
         [escape(experiment_label(i)), _pct(i["failure_fraction_pred"])]
         + [escape(factor_text(i[knob])) for knob in KNOBS]
         for i in headroom["experiments"]
     ]
     note = (
-        f"<p class='note'>Per experiment, every step that factor slower, or every stage's rate that factor "
-        f"higher, and more than {share} of the requests time out. Below x1 an experiment fails already: the "
-        "factor at which it would stop. Near saturation a few percent decide it.</p>"
+        f"<p class='note'>{escape(headroom_title(headroom['failed_threshold']))}: every step that factor slower, "
+        "or every stage's rate that factor higher. Below x1 an experiment fails already: the factor at which it "
+        "would stop. Near saturation a few percent decide it.</p>"
     )
-    return note + _table(["experiment", "failed", "step time", "load"], rows)
+    return note + _table(list(HEADROOM_COLUMNS), rows)
 
 
 def _baseline_section(result: dict) -> str:

@@ -136,7 +136,7 @@ def validate_entry(
     if base:
         result["baseline"] = {**base, "summary": summarise(base["experiments"])}
     if headroom:
-        failed_now = [item["failure_fraction_pred"] or 0.0 for item in items]
+        failed_now = [item["failure_fraction_pred"] for item in items]
         args = (specs, resolver, expression, entry.overheads, seed, jobs, load_draws, step_scatter)
         result["headroom"] = find_headroom(*args, failed_now=failed_now)
     return result

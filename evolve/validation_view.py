@@ -11,7 +11,9 @@ import re
 from pathlib import Path
 
 from evolve.report import fmt_cell, short_experiment_name
+from fitness.headroom import COLUMNS as HEADROOM_COLUMNS
 from fitness.headroom import KNOBS, factor_text
+from fitness.headroom import title as headroom_title
 from fitness.step_scatter import describe_scatter
 
 # ``validate``'s modes (evolve.validation): mode -> (what the command does, the table's title suffix)
@@ -173,9 +175,8 @@ def summary_table(summary: dict, title: str = "Summary: |error| of the experimen
 def headroom_table(headroom: dict):
     """Per experiment: the failed share as modelled, and the factors on step time and on load
     at which more than the threshold fail (``fitness.headroom``)."""
-    share = f"{100 * headroom['failed_threshold']:g}%"
-    t = _table(f"Headroom: the factor at which more than {share} of requests fail")
-    for col in ("experiment", "failed", "step time", "load"):
+    t = _table(headroom_title(headroom["failed_threshold"]))
+    for col in HEADROOM_COLUMNS:
         t.add_column(col, justify="left" if col == "experiment" else "right")
     for item in headroom["experiments"]:
         failed = fmt_share(item["failure_fraction_pred"])

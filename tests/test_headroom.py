@@ -58,7 +58,8 @@ def test_the_bracket_holds_the_crossing_as_validate_sees_it(experiments, found, 
     items, res = found
     step = items[name]["step_time"]
     below, above = step["bracket"]
-    assert step["factor"] == above and step["beyond"] is None
+    # the end on the far side of 1: where the margin ends, or where a failing run would stop
+    assert step["factor"] == (above if name == "margin" else below) and step["beyond"] is None
     assert above / below <= (FACTOR_RANGE[1] / FACTOR_RANGE[0]) ** (0.5 / 2**ROUNDS) * 1.0001
     assert (above > 1) == (name == "margin")  # a margin above 1; below 1 for the one failing already
     assert _failed(experiments, name, below) <= FAILED_THRESHOLD < _failed(experiments, name, above)
@@ -107,9 +108,11 @@ def test_validate_headroom_reaches_the_json_the_table_and_the_report(experiments
     lines = console.export_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("Headroom"))
     table = lines[start : next(i for i, line in enumerate(lines) if line.startswith("x1.30: ")) + 1]
-    assert len(table) == 6 + len(EXPERIMENTS) and max(len(line) for line in table) <= 80
+    assert max(len(line) for line in table) <= 80
+    assert len([line for line in table if line.startswith(" x-")]) == len(EXPERIMENTS)
+    margin = next(i for i in res["headroom"]["experiments"] if i["name"].startswith("x-margin"))
     row = next(line for line in table if "x-margin" in line).split()
-    assert row[-3:] == ["0.0%", factor_text(res["headroom"]["experiments"][2]["step_time"]), ">4"]
+    assert row[-3:] == ["0.0%", factor_text(margin["step_time"]), ">4"]
     html = write_report(res, entry(EXPR), tmp_path / "report", str(experiments)).read_text()
     table = html.split("Headroom before requests time out")[1].split("</table>")[0]
     assert table.count("<tr>") == 1 + len(EXPERIMENTS) and "&gt;4" in table and "&lt;0.25" in table
@@ -128,3 +131,22 @@ def test_cli_headroom(experiments, tmp_path, monkeypatch, capsys):
     saved = json.loads((tmp_path / "v.json").read_text())
     assert {i["name"].split("-")[1] for i in saved["headroom"]["experiments"]} == set(EXPERIMENTS)
     assert "Headroom" in capsys.readouterr().out
+
+
+def test_an_experiment_without_requests_has_no_headroom(experiments):
+    """No request, no failed share: nothing to bisect, and the reports say so ('—'), not a margin."""
+    spec = find_experiments(experiments)[:1]
+    res = headroom(spec, default_resolver(), EXPR, OVERHEADS, jobs=1, failed_now=[None])
+    (item,) = res["experiments"]
+    assert item["failure_fraction_pred"] is None
+    for knob in ("step_time", "load"):
+        assert item[knob] == {"factor": None, "bracket": None, "beyond": None} and factor_text(item[knob]) == "—"
+
+
+def test_the_curves_of_an_experiment_that_served_nothing_say_so():
+    """An experiment without results whose every request timed out has no curve to draw: the
+    figure says so instead of failing on a legend of no entries."""
+    from evolve.html_report import curves_figure
+
+    fig = curves_figure({"name": "x-always-llama-2-7b-tp1-general", "stages": []})
+    assert "no successful request" in [t.get_text() for t in fig.axes[0].texts]

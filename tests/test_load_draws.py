@@ -96,7 +96,7 @@ def test_a_slower_step_what_if(tmp_path, monkeypatch):
     assert b["itl_mean_pred_s"] == pytest.approx(1.5 * a["itl_mean_pred_s"], rel=0.05)  # ITL is the step time
     assert b["e2e_mean_pred_s"] > a["e2e_mean_pred_s"] and b["ttft_mean_pred_s"] > a["ttft_mean_pred_s"]
     assert Path(slow["plot"]).name == "validate-abc123-x1.5.png" != Path(base["plot"]).name  # both kept
-    with pytest.raises(InputError, match="closed-loop validation only"):
+    with pytest.raises(InputError, match="only with the closed-loop validation"):
         validate_entry(entry(), tmp_path, "lowo", resolver, jobs=1, step_time_scale=1.5)
 
 
