@@ -12,6 +12,7 @@ import signal
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from archive.rundir import RunDir, RunLock, record_latest, refuse_used_dir
 from archive.store import ArchiveStore
@@ -139,8 +140,9 @@ def run_generations(search: Search, termination: Termination, callbacks: list) -
 
 
 # -- the run ------------------------------------------------------------------------------
-def prepare_context(config: RunConfig, resolver: DeploymentResolver):
-    """Data -> primitive columns -> the fitness context (replay rows come separately)."""
+def prepare_context(config: RunConfig, resolver: DeploymentResolver, log: Callable[[str], None] | None = None):
+    """Data -> primitive columns -> the fitness context (replay rows come separately). LOG
+    (a resumed run): told where the run's recorded bounds differ from today's code's."""
     paths = config.data or [str(default_data_dir())]
     data = load_steps([Path(p) for p in paths])
     names = supported_primitives(data.available_features)
@@ -155,10 +157,15 @@ def prepare_context(config: RunConfig, resolver: DeploymentResolver):
             if dep not in deployments:
                 deployments.append(dep)
     gpus = list({d.gpu.name: d.gpu for d in deployments}.values())
+    caps, floors = efficiency_caps(gpus), efficiency_floors(gpus)
     if config.efficiency_caps is None:  # a resumed run keeps the caps it started with
-        config.efficiency_caps = efficiency_caps(gpus)
+        config.efficiency_caps = caps
     if config.efficiency_floors is None:  # likewise the floors
-        config.efficiency_floors = efficiency_floors(gpus)
+        config.efficiency_floors = floors
+    changed = [k for k in caps if config.efficiency_caps.get(k) != caps[k]]
+    changed += [k for k in floors if config.efficiency_floors.get(k) != floors[k]]
+    if changed and log:  # same seed, same archive: the run keeps its own, but says so
+        log(f"kept the run's own efficiency bounds; today's differ on {', '.join(sorted(set(changed)))}")
     if config.scatter_steps and config.step_scatter is None:  # a resumed run keeps the scatter it measured
         source = ", ".join(paths) if config.data else "the embedded default data"
         try:
@@ -197,7 +204,7 @@ def _run(config: RunConfig, ui, termination: Termination) -> list:
     resolver = DeploymentResolver.from_options(
         *(Path(v) if v else None for v in (config.model_configs, config.gpu_datasheet, config.kernels))
     )
-    ctx, names, data = prepare_context(config, resolver)
+    ctx, names, data = prepare_context(config, resolver, ui.log)
     if config.scatter_steps:
         scatter = recorded_scatter(config.step_scatter)
         ui.log(describe_scatter(scatter.summary()) if scatter else "too few steps to measure their scatter: none")

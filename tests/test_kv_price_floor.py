@@ -94,8 +94,14 @@ def test_runs_record_and_carry_their_floors_and_a_resumed_older_run_gains_none()
     assert config.efficiency_floors == efficiency_floors([default_resolver().gpu(default_resolver().default_gpu)])
     assert ctx.efficiency_bounds.floors == tuple(config.efficiency_floors.items())
     older = RunConfig(generations=1, efficiency_caps=dict(CAP.caps), efficiency_floors={})  # as resume reads it
-    ctx, _, _ = prepare_context(older, default_resolver())
+    told: list[str] = []
+    ctx, _, _ = prepare_context(older, default_resolver(), told.append)
     assert older.efficiency_floors == {} and ctx.efficiency_bounds.floors == ()
+    # it keeps its own bounds, and says where today's differ (the decode-attention cap came later)
+    assert told == ["kept the run's own efficiency bounds; today's differ on decode_attention_time_us, kv_io_time_us"]
+    told.clear()
+    prepare_context(config, default_resolver(), told.append)  # today's own bounds: nothing to say
+    assert told == []
     saved = {
         "efficiency_bounds": [1.0, 4.0],
         "efficiency_caps": dict(CAP.caps),
