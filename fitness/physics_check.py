@@ -94,7 +94,20 @@ def kernel_floor_by_deployment(
     (None where the GPU has no kernel tables or no probe fits its KV cache). Below 1, the
     model prices some step of that deployment faster than the measured kernels it must run:
     it does not hold there, whatever it scored on the data it was fitted on."""
-    return [(d, probe_check(expression, [d], floor_fraction)["kernel_floor_ratio_min"]) for d in deployments]
+    expr = parse_infix(expression)
+    names = sorted(s.name for s in expr.free_symbols) or ["batch_size"]
+    ratio: dict[int, float | None] = {}
+    by_gpu: dict[str, list[int]] = {}
+    for i, d in enumerate(deployments):
+        by_gpu.setdefault(d.gpu.name, []).append(i)
+    for members in by_gpu.values():  # one build per GPU: a GPU without kernel tables has no floor at all
+        probes = PhysicsProbes.build([deployments[i] for i in members], names, floor_fraction)
+        base, _ = probes.predictions(lambda cols, n: evaluate_expr(expr, cols, n))
+        parts = (np.split(a, len(members)) for a in (base, probes.floor_us, probes.base_fits))  # deployment-major
+        for i, (b, floor, fits) in zip(members, zip(*parts, strict=True), strict=True):
+            used = (floor > 0) & fits
+            ratio[i] = float(np.min(b[used] / floor[used])) if used.any() else None
+    return [(d, ratio[i]) for i, d in enumerate(deployments)]
 
 
 def monotone_on_probes(expression: str, deployments: list[Deployment]) -> bool:

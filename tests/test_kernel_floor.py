@@ -207,3 +207,22 @@ def test_the_search_holds_the_floor_on_every_deployment_the_export_ships():
     assert probe_check(constant, probed, 1.0)["kernel_floor_ratio_min"] < 0.6  # CodeLlama-34B at TP1
     ctx, _, _ = prepare_context(RunConfig(generations=1), r)  # the run's probes: the catalog too
     assert len(ctx.probes.floor_us) >= len(probe_batches()) * len(_deployments())
+
+
+def test_one_build_per_gpu_gives_each_deployment_its_own_ratio():
+    """The probes are built once per GPU, not once per deployment: the same ratios as each
+    deployment alone, and a GPU without measured kernels has none while the H100's keep theirs."""
+    from dataclasses import replace
+
+    from fitness.physics_check import probe_check
+
+    r = default_resolver()
+    h100 = _deployments()[:5]
+    bare = r.gpu(None)
+    r.gpus["bare"] = replace(bare, name="bare", kernel_dir=None)  # a datasheet without kernel tables
+    other = r.resolve("meta-llama/Llama-2-7b-hf", 1, "bare")
+    expr = "1.2*matmul_time_us + 1.1*weight_time_us + 1.1*kv_io_time_us + 1500*tp"  # no kernel tables needed
+    got = kernel_floor_by_deployment(expr, [h100[0], other, *h100[1:]])
+    alone = [probe_check(expr, [d], 1.0)["kernel_floor_ratio_min"] for d in h100]
+    assert [v for _, v in got] == [alone[0], None, *alone[1:]]
+    assert sum(v is not None for v in alone) >= 4  # the H100 deployments that fit a probe have a ratio
