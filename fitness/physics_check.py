@@ -73,17 +73,27 @@ def bound_flag(row: dict) -> str:
     return "NEGATIVE" if row["kind"] == "negative time" else ""
 
 
-def probe_check(expression: str, deployments: list[Deployment], floor_fraction: float = 0.5) -> dict:
-    """The physics probes on a fitted expression: monotone in work, and the lowest ratio of
-    its step time to the measured-kernel floor (>= 1: never faster than its kernels allow)."""
+def _probed(expression: str, deployments: list[Deployment], floor_fraction: float):
+    """The probes of DEPLOYMENTS for an expression's primitives, and its step time on them."""
     expr = parse_infix(expression)
     names = sorted(s.name for s in expr.free_symbols)
     probes = PhysicsProbes.build(deployments, names or ["batch_size"], floor_fraction)
-    base, heavy = probes.predictions(lambda cols, n: evaluate_expr(expr, cols, n))
-    floor, fits = probes.floor_us, probes.base_fits
-    used = (floor > 0) & fits
-    ratio = float(np.min(base[used] / floor[used])) if used.any() else None
-    ok = monotone(base, heavy, fits, probes.heavier_fits)
+    return probes, lambda cols, n: evaluate_expr(expr, cols, n)
+
+
+def _floor_ratio(base: np.ndarray, floor_us: np.ndarray, fits: np.ndarray) -> float | None:
+    """The lowest step time over kernel floor on the probes that have a floor and fit (None: none)."""
+    used = (floor_us > 0) & fits
+    return float(np.min(base[used] / floor_us[used])) if used.any() else None
+
+
+def probe_check(expression: str, deployments: list[Deployment], floor_fraction: float = 0.5) -> dict:
+    """The physics probes on a fitted expression: monotone in work, and the lowest ratio of
+    its step time to the measured-kernel floor (>= 1: never faster than its kernels allow)."""
+    probes, predict = _probed(expression, deployments, floor_fraction)
+    base, heavy = probes.predictions(predict)
+    ok = monotone(base, heavy, probes.base_fits, probes.heavier_fits)
+    ratio = _floor_ratio(base, probes.floor_us, probes.base_fits)
     return {"monotone": ok, "kernel_floor_ratio_min": ratio, "floor_fraction": floor_fraction}
 
 
@@ -94,19 +104,17 @@ def kernel_floor_by_deployment(
     (None where the GPU has no kernel tables or no probe fits its KV cache). Below 1, the
     model prices some step of that deployment faster than the measured kernels it must run:
     it does not hold there, whatever it scored on the data it was fitted on."""
-    expr = parse_infix(expression)
-    names = sorted(s.name for s in expr.free_symbols) or ["batch_size"]
-    ratio: dict[int, float | None] = {}
     by_gpu: dict[str, list[int]] = {}
     for i, d in enumerate(deployments):
         by_gpu.setdefault(d.gpu.name, []).append(i)
+    ratio: dict[int, float | None] = {}
     for members in by_gpu.values():  # one build per GPU: a GPU without kernel tables has no floor at all
-        probes = PhysicsProbes.build([deployments[i] for i in members], names, floor_fraction)
-        base, _ = probes.predictions(lambda cols, n: evaluate_expr(expr, cols, n))
-        parts = (np.split(a, len(members)) for a in (base, probes.floor_us, probes.base_fits))  # deployment-major
-        for i, (b, floor, fits) in zip(members, zip(*parts, strict=True), strict=True):
-            used = (floor > 0) & fits
-            ratio[i] = float(np.min(b[used] / floor[used])) if used.any() else None
+        probes, predict = _probed(expression, [deployments[i] for i in members], floor_fraction)
+        base = predict(probes.base, len(probes.floor_us))  # no twins: the floor is of the base probes
+        n = len(members)  # the rows are deployment-major
+        parts = zip(np.split(base, n), np.split(probes.floor_us, n), np.split(probes.base_fits, n), strict=True)
+        for i, part in zip(members, parts, strict=True):
+            ratio[i] = _floor_ratio(*part)
     return [(d, ratio[i]) for i, d in enumerate(deployments)]
 
 
