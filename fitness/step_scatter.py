@@ -130,6 +130,37 @@ def neighbour_ratios(
     return cycle_time_us / reference  # NaN where fewer than half the neighbours qualify
 
 
+def holdout_floor(table: StepTable, neighbours: int = NEIGHBOURS) -> dict[str, tuple[int, float, float]]:
+    """Experiment -> (holdout rows, the least holdout step MAPE its training rows can tell, and
+    that figure's standard error, both in %).
+
+    Each temporal-holdout row is priced at the median cycle time of its NEIGHBOURS nearest
+    training rows of the same experiment in FEATURES (standardised on those rows): a
+    prediction that needs no formula, so no expression fitted on the same rows should be
+    expected to do much better. The standard error (of a mean of the rows' errors) says how
+    far a holdout MAPE moves with which steps happened to be held out. Experiments without a
+    holdout, or with fewer training rows than NEIGHBOURS, are left out.
+    """
+    from scipy.spatial import cKDTree  # only where a floor is measured
+
+    out: dict[str, tuple[int, float, float]] = {}
+    for e in np.unique(table.experiment):
+        rows = table.experiment == e
+        train, held = rows & table.is_train, rows & ~table.is_train
+        if not held.any() or train.sum() < neighbours:
+            continue
+        features = np.column_stack([table.columns[f] for f in FEATURES]).astype(np.float64)
+        spread = features[train].std(axis=0)
+        x = (features - features[train].mean(axis=0)) / np.where(spread > 0, spread, 1.0)
+        _, idx = cKDTree(x[train]).query(x[held], k=neighbours)
+        predicted = np.median(table.cycle_time_us[train][np.atleast_2d(idx)], axis=1)
+        observed = table.cycle_time_us[held]
+        errors = 100 * np.abs(predicted - observed) / observed
+        se = float(errors.std(ddof=1) / np.sqrt(len(errors))) if len(errors) > 1 else float("nan")
+        out[table.experiment_names[e]] = (len(errors), float(errors.mean()), se)
+    return out
+
+
 def measure_scatter(table: StepTable, source: str) -> StepScatter:
     """The scatter of TABLE's steps (every experiment with at least MIN_STEPS rows)."""
     ratios = []

@@ -14,7 +14,15 @@ from test_sim_scheduler import DEP, spec_
 
 from fitness.dataset import StepTable
 from fitness.sim.engine import simulate
-from fitness.step_scatter import MIN_STEPS, QUANTILES, StepScatter, measure_scatter, run_scatter, step_scales
+from fitness.step_scatter import (
+    MIN_STEPS,
+    QUANTILES,
+    StepScatter,
+    holdout_floor,
+    measure_scatter,
+    run_scatter,
+    step_scales,
+)
 from primitives.errors import InputError
 
 
@@ -235,3 +243,30 @@ def test_the_transfer_checks_record_and_refit_with_the_scatter(tmp_path, monkeyp
     # the entry's recording and each fold's, scattered, and fitted to the mean of the draws compared on
     assert len(seen) >= 3 and all(s is scatter and n == 2 for s, n in seen)
     assert res["step_scatter"]["source"] == "traces"
+
+
+def _with_holdout(table: StepTable, fraction: float, experiments: set[int]) -> StepTable:
+    """TABLE with the last FRACTION of each of EXPERIMENTS' rows held out (the rows are in time order)."""
+    is_train = np.ones(table.n, dtype=bool)
+    for e in experiments:
+        idx = np.flatnonzero(table.experiment == e)
+        is_train[idx[len(idx) - int(fraction * len(idx)) :]] = False
+    table.is_train = is_train
+    return table
+
+
+def test_the_holdout_floor_is_the_steps_own_scatter():
+    """Noise of known size: the floor reads it, not the smooth work-time curve beneath."""
+    uniform = _with_holdout(_table([3000, 3000], lambda rng, n: rng.uniform(0.94, 1.06, n)), 0.2, {0, 1})
+    floors = holdout_floor(uniform)
+    assert set(floors) == {"e0", "e1"}
+    for rows, floor, se in floors.values():
+        # |U(-6%, 6%)| has mean 3%; the neighbours' median adds a little of its own
+        assert rows == 600 and 3.0 <= floor < 3.4 and 0.05 < se < 0.15
+    smooth = holdout_floor(_with_holdout(_table([3000], lambda rng, n: np.ones(n)), 0.2, {0}))
+    assert smooth["e0"][1] < 1.0  # no noise: only the neighbours' distance in work
+
+
+def test_the_holdout_floor_leaves_out_experiments_without_a_holdout_or_enough_training_steps():
+    table = _with_holdout(_table([400, 400, 12], lambda rng, n: np.ones(n)), 0.25, {0, 2})
+    assert set(holdout_floor(table)) == {"e0"}  # e1 holds nothing out; e2 trains on 9 steps, under 15
