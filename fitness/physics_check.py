@@ -3,7 +3,7 @@
 ``archive show`` and the results tables read these: each term of the expression is an
 efficiency term (a time in µs; its coefficient says how much slower than the ideal or
 measured-kernel time the work runs), a count term (µs per request, per layer, ...), a
-negative time (a µs part with a negative coefficient, which no physical cost has) or a
+negative time or count (a part with a negative coefficient, which no physical cost has), a
 mixed time (a time combined with counts) or unpriced work (a count of KV tokens or attention
 pairs; ``fitness.scoring.term_kind``).
 """
@@ -31,8 +31,8 @@ def term_efficiencies(expression: str, bounds=DEFAULT_EFFICIENCY_BOUNDS) -> list
     rows = []
     for term, coef in zip(terms, coefs, strict=True):
         kind = term_kind(term)
-        if coef < 0 and kind == "efficiency":
-            kind = "negative time"
+        if coef < 0 and kind in ("efficiency", "count"):
+            kind = f"negative {'time' if kind == 'efficiency' else 'count'}"
         on, interval, outside = None, (None, None), False
         if kind == "efficiency":
             # the coefficient's interval: the factors a term puts on its primitives scale it (work_factors)
@@ -63,14 +63,14 @@ def term_efficiencies(expression: str, bounds=DEFAULT_EFFICIENCY_BOUNDS) -> list
 
 def bound_flag(row: dict) -> str:
     """What every view (``archive show``, the HTML report, the primitives table) says of one
-    ``term_efficiencies`` row: outside or on a bound, a negative time, or nothing."""
+    ``term_efficiencies`` row: outside or on a bound, a negative time or count, or nothing."""
     if row["outside_bounds"]:
         if math.isnan(row["lower"]):  # no coefficient keeps its primitives inside, or no factor describes it
             return "OUTSIDE its bounds (at any coefficient)"
         return f"OUTSIDE its bounds ({row['lower']:g}-{row['upper']:g})"
     if row["on_bound"]:
         return f"on the {row['on_bound']} bound ({row[row['on_bound']]:g})"
-    return "NEGATIVE" if row["kind"] == "negative time" else ""
+    return "NEGATIVE" if row["kind"] in ("negative time", "negative count") else ""
 
 
 def _probed(expression: str, deployments: list[Deployment], floor_fraction: float):

@@ -227,7 +227,7 @@ def score_program(program: Program, ctx: FitnessContext, detail: bool = False, f
     terms = additive_terms(program)
     keys = [canonical(t) for t in terms]
     physics = [_term_physics(key, t) for key, t in zip(keys, terms, strict=True)]
-    if any(p is None for p in physics):  # a negative or mixed time, unpriced work (term_kind)
+    if any(p is None for p in physics):  # a negative time or count, a mixed time, unpriced work (term_kind)
         return _worst(program)
     works = [_term_works(key, t) if p else False for key, t, p in zip(keys, terms, physics, strict=True)]
     bounds = term_intervals(works, ctx.efficiency_bounds)
@@ -262,11 +262,16 @@ def term_kind(expr: sp.Expr) -> str:
     as a count it would escape the efficiency bounds) or ``unpriced work`` (a count of KV
     tokens or attention pairs: what that work costs depends on the model and GPU, so it
     enters only through the µs primitive that prices it, e.g. ``kv_io_time_us``; as a count
-    its µs-per-token would be one price for every model, fitted without bounds)."""
+    its µs-per-token would be one price for every model, fitted without bounds) or ``negative
+    count`` (a count with a negative part: in ``2121.7*tp - 15.9*allreduce_calls`` an
+    all-reduce saves time; ``tp - 1``, fitted, leaves a negative intercept)."""
     if not is_efficiency_term(expr):
         if involves_time(expr):
             return "mixed time"
-        return "unpriced work" if involves_unpriced_work(expr) else "count"
+        if involves_unpriced_work(expr):
+            return "unpriced work"
+        negative = any(part.as_coeff_Mul()[0] < 0 for part in sp.Add.make_args(sp.expand(expr)))
+        return "negative count" if negative else "count"
     for part in sp.Add.make_args(sp.expand(expr)):
         coef, rest = part.as_coeff_Mul()
         if coef < 0 and (rest == 1 or is_efficiency_term(rest)):  # ``gemm_time_us - 27.7``: -27.7 µs
@@ -276,7 +281,7 @@ def term_kind(expr: sp.Expr) -> str:
 
 def term_physics(expr: sp.Expr) -> bool | None:
     """True for an efficiency term, False for a count term, None for a term that scores worst
-    (a negative or mixed time, unpriced work: ``term_kind``)."""
+    (a negative time or count, a mixed time, unpriced work: ``term_kind``)."""
     return {"efficiency": True, "count": False}.get(term_kind(expr))
 
 

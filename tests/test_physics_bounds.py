@@ -158,6 +158,27 @@ def test_a_time_term_with_a_negative_offset_is_a_negative_time(text):
     assert term_kind(parse_infix("gemm_time_us + 27.7")) == "efficiency"
 
 
+@pytest.mark.parametrize("text", ["2121.7*tp - 15.9*allreduce_calls", "tp - 1", "n_layers*(batch_size - 2)"])
+def test_a_count_term_with_a_negative_part_is_a_negative_count(text):
+    # an all-reduce that saves time, or (tp - 1) fitted: a negative intercept
+    from fitness.scoring import term_kind
+
+    assert term_kind(parse_infix(text)) == "negative count"
+    assert term_kind(parse_infix("2121.7*tp + 15.9*allreduce_calls")) == "count"
+
+
+def test_a_term_that_subtracts_a_count_scores_worst_and_an_older_archive_s_is_flagged():
+    table = planted_table(noise=0.0)
+    prog = (OP("add"), V("weight_time_us"), OP("sub"), V("tp"), V("allreduce_calls"))
+    assert not score_program(prog, FitnessContext(table)).ok
+    assert score_program((OP("add"), V("weight_time_us"), V("allreduce_calls")), FitnessContext(table)).ok
+    # a trace run's front held this one (complexity 21) before the rule
+    text = "80.49 + matmul_time_us + weight_time_us + 1.0549*kv_io_time_us + 2121.7*tp - 15.907*allreduce_calls"
+    rows = {r["term"]: r for r in term_efficiencies(text, (1.0, 4.0))}
+    assert rows["allreduce_calls"]["kind"] == "negative count" and bound_flag(rows["allreduce_calls"]) == "NEGATIVE"
+    assert rows["tp"]["kind"] == "count" and bound_flag(rows["tp"]) == ""
+
+
 def test_models_faster_under_more_work_score_worst():
     # data with a term that falls as the batch grows: pdiv(layers, batch) fits it, but is faster with more work
     table = planted_table(noise=0.0)
