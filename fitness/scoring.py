@@ -28,7 +28,7 @@ from fitness.replay_rows import REPLAY_METRICS, ReplayRows, bound_load_term
 from fitness.sim.latency_model import FITTED_NON_STEP_NAMES, full_non_step_terms
 from fitness.transfer import held_out_groups, linear_transfer_error
 from primitives.language import Program, additive_terms, canonical, evaluate_program, program_to_sympy
-from primitives.units import involves_time, involves_unpriced_work, is_efficiency_term
+from primitives.units import has_negative_part, involves_time, involves_unpriced_work, is_efficiency_term
 
 WORST = 1e9  # the score of a candidate that produced NaN/inf or fitted nothing
 # the load term's place among the fitted non-step terms (fitness.replay_rows.load_slope_identified)
@@ -263,15 +263,15 @@ def term_kind(expr: sp.Expr) -> str:
     tokens or attention pairs: what that work costs depends on the model and GPU, so it
     enters only through the µs primitive that prices it, e.g. ``kv_io_time_us``; as a count
     its µs-per-token would be one price for every model, fitted without bounds) or ``negative
-    count`` (a count with a negative part: in ``2121.7*tp - 15.9*allreduce_calls`` an
-    all-reduce saves time; ``tp - 1``, fitted, leaves a negative intercept)."""
+    count`` (a count with a negative part in its form, ``has_negative_part``: in ``2121.7*tp
+    - 15.9*allreduce_calls`` an all-reduce saves time; ``tp - 1``, fitted, may leave a
+    negative intercept)."""
     if not is_efficiency_term(expr):
         if involves_time(expr):
             return "mixed time"
         if involves_unpriced_work(expr):
             return "unpriced work"
-        negative = any(part.as_coeff_Mul()[0] < 0 for part in sp.Add.make_args(sp.expand(expr)))
-        return "negative count" if negative else "count"
+        return "negative count" if has_negative_part(expr) else "count"
     for part in sp.Add.make_args(sp.expand(expr)):
         coef, rest = part.as_coeff_Mul()
         if coef < 0 and (rest == 1 or is_efficiency_term(rest)):  # ``gemm_time_us - 27.7``: -27.7 µs

@@ -130,30 +130,35 @@ def neighbour_ratios(
     return cycle_time_us / reference  # NaN where fewer than half the neighbours qualify
 
 
-def holdout_floor(table: StepTable, neighbours: int = NEIGHBOURS) -> dict[str, tuple[int, float, float]]:
-    """Experiment -> (holdout rows, the least holdout step MAPE its training rows can tell, and
+def holdout_reference(table: StepTable, neighbours: int = NEIGHBOURS) -> dict[str, tuple[int, float, float]]:
+    """Experiment -> (holdout rows, a formula-free reference for its holdout step MAPE, and
     that figure's standard error, both in %).
 
     Each temporal-holdout row is priced at the median cycle time of its NEIGHBOURS nearest
-    training rows of the same experiment in FEATURES (standardised on those rows): a
-    prediction that needs no formula, so no expression fitted on the same rows should be
-    expected to do much better. The standard error (of a mean of the rows' errors) says how
-    far a holdout MAPE moves with which steps happened to be held out. Experiments without a
-    holdout, or with fewer training rows than NEIGHBOURS, are left out.
+    training rows of the same experiment in FEATURES (standardised on those rows): what a
+    lookup of like steps from the same run gets, with no formula. It is a reference, not a
+    bound: a formula can land below it (a median is not the best predictor of a percentage
+    error, and a lookup cannot extrapolate), and it moves with NEIGHBOURS. The standard error
+    (of the mean of the rows' errors) says how far a holdout MAPE moves with which steps of
+    the held-out block it holds. Experiments without a holdout, or with fewer training rows
+    than NEIGHBOURS, are left out.
     """
-    from scipy.spatial import cKDTree  # only where a floor is measured
+    from scipy.spatial import cKDTree  # only where a reference is measured
 
+    if neighbours < 1:
+        raise ValueError(f"neighbours: expected 1 or more, got {neighbours}")
+    features = np.column_stack([table.columns[f] for f in FEATURES]).astype(np.float64)
     out: dict[str, tuple[int, float, float]] = {}
     for e in np.unique(table.experiment):
         rows = table.experiment == e
         train, held = rows & table.is_train, rows & ~table.is_train
         if not held.any() or train.sum() < neighbours:
             continue
-        features = np.column_stack([table.columns[f] for f in FEATURES]).astype(np.float64)
         spread = features[train].std(axis=0)
         x = (features - features[train].mean(axis=0)) / np.where(spread > 0, spread, 1.0)
         _, idx = cKDTree(x[train]).query(x[held], k=neighbours)
-        predicted = np.median(table.cycle_time_us[train][np.atleast_2d(idx)], axis=1)
+        idx = np.asarray(idx).reshape(int(held.sum()), neighbours)  # k = 1 gives one index per row
+        predicted = np.median(table.cycle_time_us[train][idx], axis=1)
         observed = table.cycle_time_us[held]
         errors = 100 * np.abs(predicted - observed) / observed
         se = float(errors.std(ddof=1) / np.sqrt(len(errors))) if len(errors) > 1 else float("nan")

@@ -111,10 +111,26 @@ def involves_unpriced_work(expr: sp.Expr) -> bool:
     return any(s.name in UNPRICED_WORK for s in sp.sympify(expr).free_symbols)
 
 
+def has_negative_part(expr: sp.Expr) -> bool:
+    """Whether a term's form holds a negative number: a subtraction or a negative constant
+    anywhere, inside pdiv, Max and Min too, but not an exponent (a division) nor anything
+    under an absolute value (psqrt and plog take one). The form, not the values:
+    ``batch_size - num_decode_reqs`` has one, though it is ``num_prefill_reqs``."""
+    e = sp.sympify(expr)
+    if e.is_Number:
+        return bool(e < 0)
+    if isinstance(e, sp.Abs):
+        return False
+    if e.is_Pow:
+        return has_negative_part(e.base)
+    return any(has_negative_part(a) for a in e.args)
+
+
 __all__ = [
     "DIMENSIONLESS",
     "MICROSECONDS",
     "UNPRICED_WORK",
+    "has_negative_part",
     "involves_time",
     "involves_unpriced_work",
     "is_efficiency_term",

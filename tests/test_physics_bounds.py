@@ -4,6 +4,7 @@ and the KV semantics of block-counted traces."""
 from __future__ import annotations
 
 import pytest
+import sympy as sp
 from test_search import planted_table
 from test_sim_scheduler import DEP, ConstModel, spec_
 
@@ -158,19 +159,43 @@ def test_a_time_term_with_a_negative_offset_is_a_negative_time(text):
     assert term_kind(parse_infix("gemm_time_us + 27.7")) == "efficiency"
 
 
-@pytest.mark.parametrize("text", ["2121.7*tp - 15.9*allreduce_calls", "tp - 1", "n_layers*(batch_size - 2)"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2121.7*tp - 15.9*allreduce_calls",  # an all-reduce that saves time
+        "tp - 1",  # fitted, a negative intercept
+        "n_layers*(batch_size - 2)",
+        # hidden where expansion does not reach: tp - allreduce_calls on every dense model
+        "pdiv(tp - allreduce_calls, moe_topk_ratio)",
+        "pdiv(-1.0, tp)",
+        "n_layers*Min(0.5, 1.0 - tp)",
+        "Max(tp, 2 - n_layers)",
+        "batch_size - num_decode_reqs",  # by its form, though it is num_prefill_reqs
+    ],
+)
 def test_a_count_term_with_a_negative_part_is_a_negative_count(text):
-    # an all-reduce that saves time, or (tp - 1) fitted: a negative intercept
     from fitness.scoring import term_kind
 
     assert term_kind(parse_infix(text)) == "negative count"
-    assert term_kind(parse_infix("2121.7*tp + 15.9*allreduce_calls")) == "count"
+
+
+@pytest.mark.parametrize(
+    "text", ["2121.7*tp + 15.9*allreduce_calls", "pdiv(tp, n_layers)", "tp*(33.9 + n_layers)", "Max(tp, n_layers)"]
+)
+def test_a_count_term_without_a_negative_part_is_a_count(text):
+    from fitness.scoring import term_kind
+
+    assert term_kind(parse_infix(text)) == "count"  # a division's exponent of -1 is no negative part
+    # under an absolute value (psqrt, plog) a difference is no negative part either
+    assert term_kind(sp.sqrt(sp.Abs(parse_infix("tp") - parse_infix("n_layers")))) == "count"
 
 
 def test_a_term_that_subtracts_a_count_scores_worst_and_an_older_archive_s_is_flagged():
     table = planted_table(noise=0.0)
     prog = (OP("add"), V("weight_time_us"), OP("sub"), V("tp"), V("allreduce_calls"))
     assert not score_program(prog, FitnessContext(table)).ok
+    hidden = (OP("add"), V("weight_time_us"), OP("pdiv"), OP("sub"), V("tp"), V("allreduce_calls"), V("moe_topk_ratio"))
+    assert not score_program(hidden, FitnessContext(table)).ok
     assert score_program((OP("add"), V("weight_time_us"), V("allreduce_calls")), FitnessContext(table)).ok
     # a trace run's front held this one (complexity 21) before the rule
     text = "80.49 + matmul_time_us + weight_time_us + 1.0549*kv_io_time_us + 2121.7*tp - 15.907*allreduce_calls"

@@ -18,7 +18,7 @@ from fitness.step_scatter import (
     MIN_STEPS,
     QUANTILES,
     StepScatter,
-    holdout_floor,
+    holdout_reference,
     measure_scatter,
     run_scatter,
     step_scales,
@@ -255,18 +255,27 @@ def _with_holdout(table: StepTable, fraction: float, experiments: set[int]) -> S
     return table
 
 
-def test_the_holdout_floor_is_the_steps_own_scatter():
-    """Noise of known size: the floor reads it, not the smooth work-time curve beneath."""
+def test_the_holdout_reference_is_the_steps_own_scatter():
+    """Noise of known size: the reference reads it (a little above), not the smooth work-time curve beneath."""
     uniform = _with_holdout(_table([3000, 3000], lambda rng, n: rng.uniform(0.94, 1.06, n)), 0.2, {0, 1})
-    floors = holdout_floor(uniform)
-    assert set(floors) == {"e0", "e1"}
-    for rows, floor, se in floors.values():
+    references = holdout_reference(uniform)
+    assert set(references) == {"e0", "e1"}
+    for rows, reference, se in references.values():
         # |U(-6%, 6%)| has mean 3%; the neighbours' median adds a little of its own
-        assert rows == 600 and 3.0 <= floor < 3.4 and 0.05 < se < 0.15
-    smooth = holdout_floor(_with_holdout(_table([3000], lambda rng, n: np.ones(n)), 0.2, {0}))
+        assert rows == 600 and 3.0 <= reference < 3.4 and 0.05 < se < 0.15
+    smooth = holdout_reference(_with_holdout(_table([3000], lambda rng, n: np.ones(n)), 0.2, {0}))
     assert smooth["e0"][1] < 1.0  # no noise: only the neighbours' distance in work
 
 
-def test_the_holdout_floor_leaves_out_experiments_without_a_holdout_or_enough_training_steps():
+def test_the_holdout_reference_leaves_out_experiments_without_a_holdout_or_enough_training_steps():
     table = _with_holdout(_table([400, 400, 12], lambda rng, n: np.ones(n)), 0.25, {0, 2})
-    assert set(holdout_floor(table)) == {"e0"}  # e1 holds nothing out; e2 trains on 9 steps, under 15
+    assert set(holdout_reference(table)) == {"e0"}  # e1 holds nothing out; e2 trains on 9 steps, under 15
+
+
+def test_the_holdout_reference_with_one_neighbour_prices_each_row_by_its_own_nearest():
+    # one neighbour: each held-out step's own nearest training step, not one value for all
+    table = _with_holdout(_table([3000], lambda rng, n: np.ones(n)), 0.2, {0})
+    one, many = holdout_reference(table, 1)["e0"][1], holdout_reference(table)["e0"][1]
+    assert one < 2.0 and one < 3 * many
+    with pytest.raises(ValueError):
+        holdout_reference(table, 0)

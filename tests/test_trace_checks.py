@@ -227,11 +227,13 @@ def test_on_the_real_traces(shared_data, capsys):
         if line.startswith(("llama", "code"))
     }
     assert set(bodies) == set(rows) and all(0.005 < sd1 < 0.05 for sd1 in bodies.values())
-    floors = out.split("\n\n")[2]  # check 5's table: no model needed
-    held = {line[:26].strip(): line[26:].split() for line in floors.splitlines() if line.startswith(("llama", "code"))}
+    references = out.split("\n\n")[2]  # check 5's table: no model needed
+    held = {
+        line[:26].strip(): line[26:].split() for line in references.splitlines() if line.startswith(("llama", "code"))
+    }
     assert set(held) == set(rows)
-    for n, floor, wider, se in held.values():  # a fifth of each trace's timed steps; a floor of a few percent
-        assert 100 < int(n) < 200 and 1 < float(floor) < 8 and 1 < float(wider) < 8 and 0 < float(se) < 1
+    for n, reference, wider, se in held.values():  # a fifth of each trace's timed steps; a few percent
+        assert 100 < int(n) < 200 and 1 < float(reference) < 8 and 1 < float(wider) < 8 and 0 < float(se) < 1
     assert max(len(line) for line in out.splitlines()) <= 80
 
 
