@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import sympy as sp
 
 from fitness.efficiency import DEFAULT_EFFICIENCY_BOUNDS, as_bounds, work_factors
 from fitness.physics_probes import PhysicsProbes, monotone
@@ -27,12 +28,14 @@ def term_efficiencies(expression: str, bounds=DEFAULT_EFFICIENCY_BOUNDS) -> list
     efficiency's, with any cap and floor), which bound it sits on (if any) and whether it lies
     outside them."""
     bounds = as_bounds(bounds)
-    _, terms, coefs = split_terms(parse_infix(expression))
+    intercept, terms, coefs = split_terms(parse_infix(expression))
     rows = []
+    if intercept < 0:  # an older archive's c*(tp - 1) shows as c*tp and -c: a step that takes less than no time
+        terms, coefs = [sp.Integer(1), *terms], [intercept, *coefs]
     for term, coef in zip(terms, coefs, strict=True):
         kind = term_kind(term)
         if coef < 0 and kind in ("efficiency", "count"):
-            kind = f"negative {'time' if kind == 'efficiency' else 'count'}"
+            kind = f"negative {'time' if kind == 'efficiency' or term == 1 else 'count'}"  # 1: the intercept, µs
         on, interval, outside = None, (None, None), False
         if kind == "efficiency":
             # the coefficient's interval: the factors a term puts on its primitives scale it (work_factors)

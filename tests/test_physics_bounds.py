@@ -202,6 +202,10 @@ def test_a_term_that_subtracts_a_count_scores_worst_and_an_older_archive_s_is_fl
     rows = {r["term"]: r for r in term_efficiencies(text, (1.0, 4.0))}
     assert rows["allreduce_calls"]["kind"] == "negative count" and bound_flag(rows["allreduce_calls"]) == "NEGATIVE"
     assert rows["tp"]["kind"] == "count" and bound_flag(rows["tp"]) == ""
+    # an older archive's c*(tp - 1): shown as c*tp and a negative intercept, which is flagged
+    rows = {r["term"]: r for r in term_efficiencies("-2041.7 + 2121.7*tp + weight_time_us", (1.0, 4.0))}
+    assert rows["1"]["kind"] == "negative time" and bound_flag(rows["1"]) == "NEGATIVE"
+    assert "1" not in {r["term"] for r in term_efficiencies("20.0 + 2121.7*tp + weight_time_us", (1.0, 4.0))}
 
 
 def test_models_faster_under_more_work_score_worst():
