@@ -96,6 +96,14 @@ def step_scales(scatter: StepScatter | None, seed: int) -> np.ndarray | None:
     return scatter.scales(seed) if scatter is not None else None
 
 
+def _standardised(features: np.ndarray, reference: np.ndarray | None = None) -> np.ndarray:
+    """FEATURES centred and scaled by REFERENCE's columns (its own by default); a column that
+    does not vary there is only centred."""
+    ref = features if reference is None else reference
+    spread = ref.std(axis=0)
+    return (features - ref.mean(axis=0)) / np.where(spread > 0, spread, 1.0)
+
+
 def neighbour_ratios(
     features: np.ndarray, cycle_time_us: np.ndarray, times_s: np.ndarray | None = None, apart_s: float = 0.0
 ) -> np.ndarray:
@@ -108,8 +116,7 @@ def neighbour_ratios(
     """
     from scipy.spatial import cKDTree  # only where a scatter is measured
 
-    spread = features.std(axis=0)
-    x = (features - features.mean(axis=0)) / np.where(spread > 0, spread, 1.0)
+    x = _standardised(features)
     if times_s is None:
         _, idx = cKDTree(x).query(x, k=NEIGHBOURS + 1)
         # a step is its own nearest neighbour, except among identical batches, where it may come
@@ -154,9 +161,9 @@ def holdout_reference(table: StepTable, neighbours: int = NEIGHBOURS) -> dict[st
         train, held = rows & table.is_train, rows & ~table.is_train
         if not held.any() or train.sum() < neighbours:
             continue
-        spread = features[train].std(axis=0)
-        x = (features - features[train].mean(axis=0)) / np.where(spread > 0, spread, 1.0)
-        _, idx = cKDTree(x[train]).query(x[held], k=neighbours)
+        _, idx = cKDTree(_standardised(features[train])).query(
+            _standardised(features[held], features[train]), k=neighbours
+        )
         idx = np.asarray(idx).reshape(int(held.sum()), neighbours)  # k = 1 gives one index per row
         predicted = np.median(table.cycle_time_us[train][idx], axis=1)
         observed = table.cycle_time_us[held]
