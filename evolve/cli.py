@@ -238,7 +238,7 @@ def cmd_archive_best(args: argparse.Namespace) -> int:
     print_entries(console, [best], best.id, title="Recommended model")
     console.print(
         f"combined (worst-case) error {fmt_cell('error', record['combined_error'])}, "
-        f"selection score {record['selection_score']:.4g}; details: {PROG} archive show {best.id}",
+        f"selection score {record['selection_score']:.4g}\ndetails: {PROG} archive show {best.id}",
         markup=False,
         highlight=False,
         soft_wrap=True,

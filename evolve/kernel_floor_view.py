@@ -111,11 +111,11 @@ def floor_rows(ratios: FloorRatios) -> list[list[str]]:
 
 def floor_table(ratios: FloorRatios):
     """``floor_rows`` as a rich table."""
-    from rich.table import Table
 
+    from evolve.report import titled_table
     from primitives.deployment import CATALOG_TPS
 
-    table = Table(title=f"{FLOOR_TITLE} ({ratios[0][0].gpu.name})", caption=FLOOR_CAPTION)
+    table = titled_table(f"{FLOOR_TITLE} ({ratios[0][0].gpu.name})", FLOOR_CAPTION)
     table.add_column("model")
     for tp in CATALOG_TPS:
         table.add_column(f"TP{tp}", justify="right")

@@ -38,6 +38,19 @@ def make_console():
     return _Console()
 
 
+TABLE_MAX_WIDTH = 80  # the terminal the tables are laid out for
+
+
+def titled_table(title: str | None = None, caption: str | None = None, **options):
+    """A rich table at least as wide as its title and caption (up to 80 columns): rich wraps
+    both to the table's width, which splits a short title over a narrow table."""
+    from rich.table import Table
+
+    text = max(len(title or ""), len(caption or ""))
+    width = min(text + 4, TABLE_MAX_WIDTH)
+    return Table(title=title, caption=caption, caption_justify="left", min_width=width, **options)
+
+
 # -- formatting -----------------------------------------------------------------------
 def clean(obj: Any) -> Any:
     """JSON-safe copy: non-finite floats become null, numpy scalars plain numbers."""
@@ -131,10 +144,15 @@ def print_entries(console, entries: list[ArchiveEntry], recommended_id: str | No
     longest = max((len(display_expression(e.expression)) for e in entries), default=0)
     narrow = entries_table(entries, recommended_id, title, expressions=False)
     room = console.width - console.measure(narrow).maximum - 3  # the column's border and padding
+    legend = any(e.id == recommended_id for e in entries)
     if longest <= room:
         console.print(entries_table(entries, recommended_id, title))
+        if legend:  # a line of its own: as a caption it wraps to the table's narrow width
+            console.print(RECOMMENDED_LEGEND, markup=False, highlight=False)
         return
     console.print(narrow)
+    if legend:
+        console.print(RECOMMENDED_LEGEND, markup=False, highlight=False)
     console.print("expressions (step time, µs; constants to 6 digits, --json: exact):", markup=False, highlight=False)
     for e in entries:
         mark = "*" if e.id == recommended_id else " "
@@ -158,9 +176,8 @@ def entries_table(
     expressions: bool = True,
 ):
     """The front as a table: id, generation found, complexity, errors present, expression (if EXPRESSIONS)."""
-    from rich.table import Table
 
-    table = Table(title=title, show_lines=False)
+    table = titled_table(title, show_lines=False)
     table.add_column("", width=1)
     table.add_column("id", no_wrap=True)
     table.add_column("gen", justify="right")
@@ -175,9 +192,10 @@ def entries_table(
         row = [mark, e.id, str(e.generation), str(e.complexity)]
         row += [fmt_fraction(e.objectives.get(key)) for key, _ in shown]
         table.add_row(*row, *([display_expression(e.expression)] if expressions else []))
-    if recommended_id is not None:
-        table.caption = "* recommended (python -m evolve archive best)"
     return table
+
+
+RECOMMENDED_LEGEND = "* recommended (python -m evolve archive best)"
 
 
 MIN_FITTED_DEPLOYMENTS = 3  # fewer cannot tell a step constant from per-GPU, per-layer or weight costs
@@ -221,9 +239,8 @@ def print_coverage_note(entry: ArchiveEntry, run_dir: Path, resolver) -> None:
 
 
 def mapping_table(mapping: dict, title: str | None = None, key_label: str = "name", value_label: str = "value"):
-    from rich.table import Table
 
-    table = Table(title=title)
+    table = titled_table(title)
     table.add_column(key_label)
     table.add_column(value_label, justify="right", overflow="fold")
     for k, v in mapping.items():
@@ -273,14 +290,13 @@ def per_experiment_table(per_experiment: dict[str, dict]):
 
 def rows_table(rows: list[dict], title: str | None = None):
     """Rows of dicts as one table; the columns are every key, in order of appearance."""
-    from rich.table import Table
 
     columns: list[str] = []
     for r in rows:
         for k in r:
             if k not in columns:
                 columns.append(k)
-    table = Table(title=title)
+    table = titled_table(title)
     for c in columns:
         table.add_column(
             c, justify="left" if c in ("experiment", "name", "model", "deployment") else "right", overflow="fold"
@@ -315,9 +331,8 @@ def lodo_report(held_out: list[dict]) -> list:
 def batch_bias_table(rows: list[dict]):
     """``score``'s signed error by batch size: one row per experiment and quantile of the
     requests per step (``fitness.step_errors.error_by_quantile``)."""
-    from rich.table import Table
 
-    table = Table(title="Signed step error by batch size (quantiles of the steps)")
+    table = titled_table("Signed step error by batch size (quantiles of the steps)")
     table.add_column("experiment", overflow="fold")
     for c in ("requests", "steps", "bias", "MAPE"):
         table.add_column(c, justify="right")
@@ -370,11 +385,10 @@ def _term_unit(term: Any) -> str:
 def _terms_table(expr: Any):
     """The simplified form term by term (coefficient, unit, term), if it is a sum of 3+."""
     import sympy
-    from rich.table import Table
 
     if not isinstance(expr, sympy.Add) or len(expr.args) < 3:
         return None
-    table = Table(title="Simplified form, term by term (step time in µs)")
+    table = titled_table("Simplified form, term by term (step time in µs)")
     table.add_column("coefficient", justify="right", no_wrap=True)
     table.add_column("unit", no_wrap=True)
     table.add_column("term", overflow="fold")
@@ -388,7 +402,6 @@ def _cse_table(expr: Any):
     """sympy.cse of the simplified form, when it has common subexpressions (cse0, cse1, ...
     as the Go export names them)."""
     import sympy
-    from rich.table import Table
 
     try:
         taken = {s.name for s in expr.free_symbols}
@@ -398,7 +411,7 @@ def _cse_table(expr: Any):
         return None
     if not replacements:
         return None
-    table = Table(title="Common subexpressions (sympy.cse)", show_header=False)
+    table = titled_table("Common subexpressions (sympy.cse)", show_header=False)
     table.add_column("name", style="bold", no_wrap=True)
     table.add_column("value", overflow="fold")
     for sym, sub in replacements:
@@ -409,10 +422,9 @@ def _cse_table(expr: Any):
 
 def entry_detail(entry: ArchiveEntry) -> list:
     """What ``archive show`` prints: the entry, its terms, objectives, overheads and per-experiment errors."""
-    from rich.table import Table
 
     simplified, simplified_text = sympy_form(entry)
-    head = Table(title=f"Entry {entry.id}", show_header=False)
+    head = titled_table(f"Entry {entry.id}", show_header=False)
     head.add_column("field", style="bold")
     head.add_column("value", overflow="fold")
     head.add_row("run", entry.run_id)
@@ -429,7 +441,7 @@ def entry_detail(entry: ArchiveEntry) -> list:
     if simplified is not None:
         shown += [t for t in (_terms_table(simplified), _cse_table(simplified)) if t is not None]
     shown.append(efficiency_table(entry))
-    objectives = Table(title="Objectives")
+    objectives = titled_table("Objectives")
     objectives.add_column("objective")
     objectives.add_column("value", justify="right")
     for k, v in entry.objectives.items():

@@ -18,7 +18,7 @@ from test_validate import LLAMA_7B, LLAMA_70B, entry, observe, write_experiment
 
 from evolve.baseline import blackbox_baseline
 from evolve.html_report import write_report
-from evolve.report import print_entries
+from evolve.report import RECOMMENDED_LEGEND, print_entries
 from evolve.validation import validate_entry
 from evolve.validation_view import print_validation
 from fitness.ranking import ranking, ranking_check
@@ -178,11 +178,13 @@ def test_long_expressions_go_below_the_table():
     lines = _lines(lambda c: print_entries(c, entries, entries[1].id, "front"))
     table = lines[: next(i for i, line in enumerate(lines) if line.startswith("expressions"))]
     assert max(len(line) for line in table) <= 80 and "kv_tokens" not in "\n".join(table)
+    assert table[-1] == RECOMMENDED_LEGEND  # one line below the table, not wrapped to its width
     below = lines[len(table) + 2 :]  # after the first entry's line: wrapped between terms, within 80 columns
     assert below[0].startswith(f"* {entries[1].id}  0.5*kv_tokens*batch_size + ") and len(below) > 1
     assert max(len(line) for line in below) <= 80 and " ".join(" ".join(below).split()[2:]) == long
     short = _lines(lambda c: print_entries(c, entries[:1], None, "front"))
     assert any("2*decode_tokens" in line and "id0000000000" in line for line in short)  # in its column; 2.0 shows as 2
+    assert RECOMMENDED_LEGEND not in short  # nothing recommended among them
 
 
 def _browser() -> str | None:
