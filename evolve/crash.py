@@ -94,19 +94,22 @@ def interrupt_behind(exc: BaseException) -> BaseException | None:
     """EXC itself if it is an interrupt (Ctrl-C, SIGTERM, the time limit: a KeyboardInterrupt,
     or SystemExit), or the interrupt behind a SystemError: a signal handled just as compiled
     (numba) code returns surfaces as one ("returned a result with an exception set"),
-    chained to the interrupt. None for any other failure, also one raised while an
+    chained to the interrupt, one SystemError per compiled frame it passed through. None
+    for any other failure, also one raised while an
     interrupt was being handled (a full disk while checkpointing stays a full disk)."""
-    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-        return exc
-    if isinstance(exc, SystemError):
-        behind = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
-        if isinstance(behind, (KeyboardInterrupt, SystemExit)):
-            return behind
-    return None
+    seen = 0
+    while isinstance(exc, SystemError) and seen < 1000:  # numba nests one per compiled frame
+        exc, seen = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__), seen + 1
+    return exc if isinstance(exc, (KeyboardInterrupt, SystemExit)) else None
 
 
 class TimeLimitReached(KeyboardInterrupt):
     """``--time-limit`` ran out outside the generation loop (set-up, final checks): taken as an interrupt."""
+
+
+def is_time_limit(exc: BaseException) -> bool:
+    """EXC is the time limit running out, directly or from inside compiled code."""
+    return isinstance(interrupt_behind(exc), TimeLimitReached)
 
 
 @contextmanager

@@ -18,7 +18,7 @@ from archive.rundir import RunDir, RunLock, record_latest, refuse_used_dir
 from archive.store import ArchiveStore
 from evolve.calibration import calibrated_replay_rows, experiments_fingerprint, refresh_every, refresh_trajectories
 from evolve.config import RunConfig
-from evolve.crash import TimeLimitReached, interrupt_behind, time_limit_alarm
+from evolve.crash import interrupt_behind, is_time_limit, time_limit_alarm
 from evolve.evaluator import Evaluator
 from evolve.records import best_entries, record_front
 from evolve.resume import fresh_config, resumed_config
@@ -82,7 +82,9 @@ class TrajectoryRefresh:
             try:
                 with time_limit_alarm(self.termination.remaining_s(), "a trajectory refresh"):
                     refresh_trajectories(search, self.config, self.resolver, self.names, self.ui)
-            except TimeLimitReached:  # the search keeps its current trajectories and stops next
+            except BaseException as exc:  # the limit: keep the current trajectories, stop next
+                if not is_time_limit(exc):
+                    raise
                 self.ui.log("time limit reached during a trajectory refresh; keeping the previous trajectories")
 
 
@@ -331,7 +333,9 @@ def _search(
                     scatter=recorded_scatter(config.step_scatter),
                     load_draws=config.load_draws,
                 )
-        except TimeLimitReached:  # the front stays as the search scored it
+        except BaseException as exc:  # the limit: the front stays as the search scored it
+            if not is_time_limit(exc):
+                raise
             ui.log("time limit reached during the final closed-loop check; the front keeps the search's scores")
         else:
             stats = {"evaluations": search.state.evaluations, "closed_loop_checked": [e.id for e in checked]}

@@ -175,6 +175,34 @@ def test_every_recording_of_a_run_averages_the_runs_draws(monkeypatch):
     assert seen == [(True, 7, 3), (False, 7, 3), (False, 7, 3), (False, 7, 3)]
 
 
+def in_compiled_code(interrupt: BaseException, frames: int) -> SystemError:
+    """INTERRUPT as numba delivers a signal handled inside compiled code: one SystemError
+    ("returned a result with an exception set") per compiled frame, each chained to the last."""
+    exc = interrupt
+    for _ in range(frames):
+        try:
+            raise exc
+        except BaseException as inner:
+            try:
+                raise SystemError("CPUDispatcher(<function f>) returned a result with an exception set") from inner
+            except SystemError as outer:
+                exc = outer
+    return exc
+
+
+def test_the_time_limit_is_found_behind_any_number_of_compiled_frames():
+    from evolve.crash import TimeLimitReached, interrupt_behind, is_time_limit
+
+    limit = TimeLimitReached("a trajectory refresh")
+    for frames in (0, 1, 26):
+        delivered = in_compiled_code(limit, frames)
+        assert interrupt_behind(delivered) is limit and is_time_limit(delivered)
+    ctrl_c = in_compiled_code(KeyboardInterrupt("signal 2"), 3)
+    assert isinstance(interrupt_behind(ctrl_c), KeyboardInterrupt) and not is_time_limit(ctrl_c)
+    assert interrupt_behind(in_compiled_code(ValueError("a real failure"), 3)) is None
+    assert interrupt_behind(SystemError("a C extension failed")) is None
+
+
 def test_a_finished_run_whose_final_check_the_time_limit_skipped_finishes_it_on_resume(tmp_path, monkeypatch):
     """A replay run with no more generations to go still owes its front the closed-loop
     check; once that is recorded, the same resume writes nothing."""
@@ -192,8 +220,8 @@ def test_a_finished_run_whose_final_check_the_time_limit_skipped_finishes_it_on_
 
     def check(*args, **kwargs):
         calls.append(len(calls))
-        if len(calls) == 1:  # the time limit lands in the first run's final check
-            raise TimeLimitReached("the final closed-loop check")
+        if len(calls) == 1:  # the time limit lands in the first run's final check, inside compiled code
+            raise in_compiled_code(TimeLimitReached("the final closed-loop check"), frames=26)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(er, "closed_loop_check", check)
