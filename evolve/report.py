@@ -288,7 +288,10 @@ def per_experiment_table(per_experiment: dict[str, dict]):
     return rows_table(rows, title=f"Per-experiment errors ({what}; step MAPE: trace holdout)")
 
 
-def rows_table(rows: list[dict], title: str | None = None):
+NUMBER_CELL = re.compile(r"^(?:[-+]?[\d.,]+(?:e[-+]?\d+)?\s?(?:%|x|ms|s|µs)?|-|—|)$")
+
+
+def rows_table(rows: list[dict], title: str | None = None, caption: str | None = None):
     """Rows of dicts as one table; the columns are every key, in order of appearance."""
 
     columns: list[str] = []
@@ -296,13 +299,15 @@ def rows_table(rows: list[dict], title: str | None = None):
         for k in r:
             if k not in columns:
                 columns.append(k)
-    table = titled_table(title)
-    for c in columns:
-        table.add_column(
-            c, justify="left" if c in ("experiment", "name", "model", "deployment") else "right", overflow="fold"
-        )
-    for r in rows:
-        table.add_row(*[fmt_cell(c, r[c]) if c in r else "-" for c in columns])
+    cells = [[fmt_cell(c, r[c]) if c in r else "-" for c in columns] for r in rows]
+    table = titled_table(title, caption)
+    for i, c in enumerate(columns):
+        numeric = all(NUMBER_CELL.match(row[i]) for row in cells)
+        # a column of single words (names, identifiers) is never split; prose wraps at its spaces
+        words = all(" " not in row[i] for row in cells)
+        table.add_column(c, justify="right" if numeric else "left", no_wrap=words, overflow="fold")
+    for row in cells:
+        table.add_row(*row)
     return table
 
 
@@ -473,4 +478,4 @@ def efficiency_table(entry: ArchiveEntry):
     ]
     if not rows:
         return "no terms: the expression is a constant"
-    return rows_table(rows, title=f"Fitted efficiencies (µs terms bounded to {bounds.describe()})")
+    return rows_table(rows, "Fitted efficiencies", f"bounds: µs terms {bounds.describe()}")

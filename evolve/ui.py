@@ -158,10 +158,13 @@ class RunUI:
         """Stop the progress display and print the front and the run summary."""
         self.close()
         entries = sorted(entries, key=lambda e: (e.complexity, e.id))
-        elapsed = time.monotonic() - self._t0
+        took = f"search loop {fmt_duration(time.monotonic() - self._t0)}"  # set-up and final checks not in it
+        if "wall_time_s" in summary:
+            took += f", whole run {fmt_duration(summary['wall_time_s'])}"
         if self.quiet:
             rec = _recommended_id(entries)
-            self._plain(f"search finished in {fmt_duration(elapsed)}: {len(entries)} models on the front")
+            models = f"{len(entries)} model{'s' if len(entries) != 1 else ''}"
+            self._plain(f"search finished ({took}): {models} on the front")
             for e in entries:
                 errs = " ".join(f"{k}={fmt_fraction(e.objectives[k])}" for k, _ in ERROR_COLUMNS if k in e.objectives)
                 shown = display_expression(e.expression)
@@ -172,4 +175,4 @@ class RunUI:
                 self._plain(textwrap.fill(text, 80, subsequent_indent="  ") if isinstance(v, (dict, list)) else text)
             return
         print_entries(self.console, entries, _recommended_id(entries), title="Pareto front")
-        self.console.print(mapping_table(dict(summary), title=f"Run summary ({fmt_duration(elapsed)})"))
+        self.console.print(mapping_table(dict(summary), title=f"Run summary ({took})"))

@@ -41,22 +41,29 @@ LABELS = {"e2e": "E2E", "ttft": "TTFT", "itl": "ITL", "tpot": "TPOT"}
 MEAN_UNITS = (("e2e", "s", 1.0), ("ttft", "ms", 1e3), ("itl", "ms", 1e3))
 
 
+# parts of a model's folder name that tell no experiment of a run from another
+_NAME_NOISE = re.compile(r"-hf(?= tp)|-v\d+(?:-\d+)*(?= tp)")
+
+
 def experiment_label(item: dict) -> str:
-    """An item's experiment without the date prefix, with spaces where the name may wrap."""
-    name = short_experiment_name(item["name"])
-    if "held_out_stage" in item:  # stage transfer: one row per high-rate stage
-        name += f" (stage {item['held_out_stage']})"
+    """An item's experiment, short enough for one line of an 80-column table: no date prefix,
+    no ``-hf`` or version suffix on the model (``mixtral-8x7b tp2 general``)."""
+    name = _NAME_NOISE.sub("", short_experiment_name(item["name"]))
+    if "held_out_stage" in item:  # stage transfer: one row per high-rate stage, named by its rate
+        rate = item.get("rate_per_s")
+        name += f" @{rate:g}/s" if rate is not None else f" (stage {item['held_out_stage']})"
     return name  # a held-out model or workload: every row is one, as the title says
 
 
-def fmt_error(value: float | None) -> str:
-    """A signed relative error as a coloured percentage (green within 10%, yellow within 15%)."""
+def fmt_error(value: float | None, percent_sign: bool = True) -> str:
+    """A signed relative error as a coloured percentage (green within 10%, yellow within 15%);
+    without its sign where the table's title says "in %"."""
     if value is None:
         return "—"
     colour = "green" if abs(value) <= 0.10 else ("yellow" if abs(value) <= 0.15 else "red")
     pct = 100.0 * value
-    text = f"{pct:+.1f}%" if abs(pct) < 100 else (f"{pct:+.0f}%" if pct < 1000 else ">999%")
-    return f"[{colour}]{text}[/]"
+    text = f"{pct:+.1f}" if abs(pct) < 100 else (f"{pct:+.0f}" if pct < 1000 else ">999")
+    return f"[{colour}]{text}{'%' if percent_sign else ''}[/]"
 
 
 def fmt_share(fraction) -> str:
@@ -71,7 +78,10 @@ def fmt_value(value: float | None, scale: float = 1.0) -> str:
     if value is None:
         return "—"
     x = value * scale
-    return f"{x:.0f}" if abs(x) >= 100 else (f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}")
+    if x == 0:
+        return "0"
+    # by the rounded value: 9.996 shows as 10.0, not 10.00 beside a 10.2
+    return f"{x:.0f}" if abs(x) >= 99.95 else (f"{x:.1f}" if abs(x) >= 9.995 else f"{x:.2f}")
 
 
 def _table(title: str):
@@ -111,7 +121,7 @@ def errors_table(result: dict, title: str):
         t.add_column(f"{LABELS[m]}\n{stat}", justify="right", no_wrap=True)
     for it in result.get("experiments", []):
         errors = [_error(it, m, stat) for m, stat in ERROR_COLUMNS]
-        t.add_row(experiment_label(it), *(fmt_error(e) for e in errors))
+        t.add_row(experiment_label(it), *(fmt_error(e, percent_sign=False) for e in errors))
     return t
 
 
@@ -192,7 +202,9 @@ def scatter_note(result: dict) -> str:
 def print_validation(console, result: dict, title: str) -> None:
     """Every table of a validation (the per-held-out-group summaries too) and the plot's path."""
     console.print(means_table(result, f"{title}: means, predicted / observed"))
-    console.print(errors_table(result, f"{title}: errors (pred / obs - 1)"))
+    console.print(errors_table(result, f"{title}: errors in % (pred / obs - 1)"))
+    if any(it.get("e2e_mean_obs_s") is None for it in result.get("experiments", [])):
+        console.print("—: nothing observed to compare (the experiment's results are withheld or absent)")
     if result.get("ranking"):
         console.print(ranking_table(result["ranking"]))
     console.print(summary_table(result.get("summary", {})))

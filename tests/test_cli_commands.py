@@ -252,7 +252,7 @@ def test_validate(project: Path, monkeypatch, capsys):
     assert saved["lomo"] is True and saved["summary"]["e2e_error_mean"] == 0.07 and saved["id"] == ENTRY.id
     assert saved["experiments"][0]["itl_error"] is None
     out = " ".join(capsys.readouterr().out.split())  # (table titles wrap)
-    assert "+5.0%" in out and "+10.0%" in out and "leave one model out" in out
+    assert "+5.0" in out and "+10.0" in out and "errors in %" in out and "leave one model out" in out
     assert main(["validate", ENTRY.id, "--experiments", "nowhere"]) == 2
     assert "no such directory" in one_error_line(capsys)
     for flag, bad in [("--load-draws", "0"), ("--load-draws", "101"), ("--load-draws", "two")] + [

@@ -153,8 +153,22 @@ def test_validate_tables_fit_80_columns(validated):
     assert "predicted: draw 7 of the load (--seed)" in one and max(len(line) for line in one) <= 80
     assert any("means inside the draws' range: E2E 100/100, TTFT 100/100" in line for line in lines)
     text = "\n".join(lines)
-    for words in ("E2E s", "p99", "Ranking", "model wrong", "TTFT p90", "llama-2-70b-hf tp4"):
+    for words in ("E2E s", "p99", "Ranking", "model wrong", "TTFT p90", "llama-2-70b tp4", "errors in %"):
         assert words in text
+
+
+def test_experiment_labels_fit_a_line_and_name_a_held_out_stage_by_its_rate():
+    from evolve.validation_view import experiment_label, print_validation
+
+    name = "20260218-135247-mixtral-8x7b-v0-1-tp2-reasoning"
+    assert experiment_label({"name": name}) == "mixtral-8x7b tp2 reasoning"
+    assert experiment_label({"name": "20260218-065057-llama-2-70b-hf-tp4-reasoning"}) == "llama-2-70b tp4 reasoning"
+    staged = {"name": "20260217-202857-llama-2-70b-tp4-general", "held_out_stage": 1, "rate_per_s": 20.0}
+    assert experiment_label(staged) == "llama-2-70b tp4 general @20/s"
+    withheld = {"name": name, "e2e_mean_pred_s": 93.8, "e2e_mean_obs_s": None, "failure_fraction_pred": 0.0}
+    lines = _lines(lambda c: print_validation(c, {"experiments": [withheld], "summary": {}}, "Validation of x"))
+    assert any("mixtral-8x7b tp2 reasoning" in line and "93.8 / —" in line for line in lines)  # one line
+    assert any(line.startswith("—: nothing observed to compare") for line in lines)
 
 
 def test_a_transfer_check_keeps_its_names_whole_and_its_counts_readable(validated):
