@@ -203,7 +203,7 @@ def cmd_archive_list(args: argparse.Namespace) -> int:
     if args.json:
         print(_dumps([{**entry_record(e), "recommended": e.id == rec_id} for e in entries]))
         return 0
-    from evolve.report import print_entries
+    from evolve.front_view import print_entries
 
     title = "All archived entries" if args.all else "Pareto front (latest generation)"
     print_entries(make_console(), entries, rec_id, title=title)
@@ -232,7 +232,7 @@ def cmd_archive_best(args: argparse.Namespace) -> int:
     if args.json:
         print(_dumps(record))
         return 0
-    from evolve.report import print_entries
+    from evolve.front_view import print_entries
 
     console = make_console()
     print_entries(console, [best], best.id, title="Recommended model")
@@ -387,7 +387,7 @@ def cmd_export_go(args: argparse.Namespace) -> int:
     if (args.model is None) != (args.tp is None):
         raise InputError("--model/--tp", None, "give both --model NAME and --tp N, or neither")
     if (args.out is None) == (args.blis is None):
-        raise InputError("--out/--blis", None, "give --out DIR (a Go package) or --blis CHECKOUT (a BLIS backend)")
+        raise InputError("--out/--blis", None, "give one of --out DIR (a Go package) and --blis CHECKOUT (a backend)")
     if args.name is not None and args.blis is None:
         raise InputError("--name", None, "names a BLIS backend: give it with --blis CHECKOUT")
     from translate_go.targets import check_package_name, choose_deployment

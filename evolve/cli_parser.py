@@ -87,10 +87,13 @@ def _add_resolver_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernels", metavar="DIR", help="the GPU's measured kernel tables (default: built-in H100)")
 
 
+ID_HELP = "entry id or a unique prefix of it (python -m evolve archive list)"
+
+
 def _entry_command(sub, name: str, help: str, handler) -> argparse.ArgumentParser:
     """A command on one archived entry that writes results: ID, --run-dir, --json, resolver options."""
     p = sub.add_parser(name, help=help)
-    p.add_argument("id", metavar="ID")
+    p.add_argument("id", metavar="ID", help=ID_HELP)
     _add_run_dir(p)
     p.add_argument("--json", metavar="FILE", help="also write the results to FILE")
     _add_resolver_options(p)
@@ -122,7 +125,9 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
     _add_run_dir(p, help="where to write (default: runs/<UTC time>-seed<S>)")
     p.add_argument("--time-limit", type=_positive_float, metavar="SEC", help="stop after this many seconds")
     _add_resolver_options(p)
-    p.add_argument("--backend", choices=("loky", "dask"), default="loky")
+    p.add_argument(
+        "--backend", choices=("loky", "dask"), default="loky", help="where workers run (default: loky, this machine)"
+    )
     p.add_argument("--scheduler", metavar="ADDRESS", help="dask scheduler address (with --backend dask)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     p.add_argument("--efficiency-bounds", type=parse_bounds, metavar="LO,HI", help=BOUNDS_HELP)
@@ -179,7 +184,9 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
     )
 
     p = _entry_command(sub, "validate", "replay experiments end to end with an entry", handlers["validate"])
-    p.add_argument("--experiments", required=True, metavar="DIR")
+    p.add_argument(
+        "--experiments", required=True, metavar="DIR", help="a folder of experiment folders (exp-config.yaml, ...)"
+    )
     transfer = p.add_mutually_exclusive_group()
     for flag, help in [
         ("--lomo", "leave one model out: refit without each model, validate on it"),
@@ -235,7 +242,7 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser("export-go", help="write the model as Go: a BLIS backend or a stand-alone package")
-    p.add_argument("id", metavar="ID")
+    p.add_argument("id", metavar="ID", help=ID_HELP)
     p.add_argument("--blis", metavar="CHECKOUT", help="write into this BLIS checkout as a registered backend")
     p.add_argument("--name", metavar="NAME", help="the backend's name with --blis (default: stepsynth)")
     p.add_argument("--out", metavar="DIR", help="write a stand-alone Go package here instead")
@@ -251,7 +258,7 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
         metavar="NAME",
         help="bake constants for this model (with --tp); with --blis: the golden tests' deployment",
     )
-    p.add_argument("--tp", type=_positive_int, metavar="N")
+    p.add_argument("--tp", type=_positive_int, metavar="N", help="tensor-parallel degree for --model")
     p.add_argument("--gpu", metavar="NAME", help="GPU for --model (default: the datasheet's / H100)")
     _add_run_dir(p)
     _add_resolver_options(p)

@@ -138,66 +138,6 @@ def entry_record(entry: ArchiveEntry) -> dict:
 
 
 # -- generic tables -------------------------------------------------------------------
-def print_entries(console, entries: list[ArchiveEntry], recommended_id: str | None = None, title: str | None = None):
-    """The entries table, with the expressions in a column when every one fits beside the
-    other columns unwrapped, else below the table, each wrapped at its spaces."""
-    longest = max((len(display_expression(e.expression)) for e in entries), default=0)
-    narrow = entries_table(entries, recommended_id, title, expressions=False)
-    room = console.width - console.measure(narrow).maximum - 3  # the column's border and padding
-    legend = any(e.id == recommended_id for e in entries)
-    if longest <= room:
-        console.print(entries_table(entries, recommended_id, title))
-        if legend:  # a line of its own: as a caption it wraps to the table's narrow width
-            console.print(RECOMMENDED_LEGEND, markup=False, highlight=False)
-        return
-    console.print(narrow)
-    if legend:
-        console.print(RECOMMENDED_LEGEND, markup=False, highlight=False)
-    console.print("expressions (step time, µs; constants to 6 digits, --json: exact):", markup=False, highlight=False)
-    for e in entries:
-        mark = "*" if e.id == recommended_id else " "
-        head = f"{mark} {e.id}  "
-        # wrapped at spaces: a coefficient*primitive has none, so it is never split
-        text = textwrap.fill(
-            display_expression(e.expression),
-            max(console.width, 40),
-            initial_indent=head,
-            subsequent_indent=" " * len(head),
-            break_long_words=False,
-            break_on_hyphens=False,
-        )
-        console.print(text, markup=False, highlight=False, soft_wrap=True)
-
-
-def entries_table(
-    entries: list[ArchiveEntry],
-    recommended_id: str | None = None,
-    title: str | None = None,
-    expressions: bool = True,
-):
-    """The front as a table: id, generation found, complexity, errors present, expression (if EXPRESSIONS)."""
-
-    table = titled_table(title, show_lines=False)
-    table.add_column("", width=1)
-    table.add_column("id", no_wrap=True)
-    table.add_column("gen", justify="right")
-    table.add_column("cx", justify="right")
-    shown = [(key, label) for key, label in ERROR_COLUMNS if any(key in e.objectives for e in entries)]
-    for _, label in shown:
-        table.add_column(label, justify="right", no_wrap=True)
-    if expressions:
-        table.add_column("expression", overflow="fold")
-    for e in entries:
-        mark = "*" if e.id == recommended_id else ""
-        row = [mark, e.id, str(e.generation), str(e.complexity)]
-        row += [fmt_fraction(e.objectives.get(key)) for key, _ in shown]
-        table.add_row(*row, *([display_expression(e.expression)] if expressions else []))
-    return table
-
-
-RECOMMENDED_LEGEND = "* recommended (python -m evolve archive best)"
-
-
 MIN_FITTED_DEPLOYMENTS = 3  # fewer cannot tell a step constant from per-GPU, per-layer or weight costs
 
 
@@ -239,13 +179,22 @@ def print_coverage_note(entry: ArchiveEntry, run_dir: Path, resolver) -> None:
 
 
 def mapping_table(mapping: dict, title: str | None = None, key_label: str = "name", value_label: str = "value"):
-
+    """Names and values; numbers right-aligned, a list as its items, a mapping a line per key."""
     table = titled_table(title)
     table.add_column(key_label)
-    table.add_column(value_label, justify="right", overflow="fold")
+    numeric = all(isinstance(v, (int, float)) for v in mapping.values())
+    table.add_column(value_label, justify="right" if numeric else "left", overflow="fold")
     for k, v in mapping.items():
-        table.add_row(str(k), fmt_number(v) if not isinstance(v, (dict, list)) else str(v))
+        table.add_row(str(k), _mapping_value(v))
     return table
+
+
+def _mapping_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return "\n".join(f"{short_experiment_name(str(k))}: {fmt_number(v)}" for k, v in value.items()) or "none"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value) or "none"
+    return fmt_number(value)
 
 
 def short_experiment_name(name: str) -> str:

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
 from archive.entry import ArchiveEntry
+from evolve.front_view import print_entries
 from evolve.report import (
     ERROR_COLUMNS,
     display_expression,
@@ -30,7 +31,6 @@ from evolve.report import (
     fmt_number,
     make_console,
     mapping_table,
-    print_entries,
 )
 
 

@@ -150,6 +150,7 @@ def ranking_table(ranking: list[dict]):
     return t
 
 
+ITL_P50_NOTE = "ITL p50 is the gap between a token's two events (tens of µs), not a step"
 _SUMMARY_KEY = re.compile(r"^(e2e|ttft|itl|tpot)(?:_(mean|p\d+(?:\.\d+)?))?_error_(mean|max)$")
 
 
@@ -175,11 +176,14 @@ def summary_table(summary: dict, title: str = "Summary: |error| of the experimen
     for label, v in sorted(rows.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)):
         fmt = fmt_value if label == "failed (pp)" else fmt_share
         t.add_row(label, fmt(v.get("mean")), fmt(v.get("max")))
-    if not other:
+    notes = [", ".join(other)] if other else []
+    if "ITL p50" in rows:  # its large errors are of microseconds, not of a step
+        notes.append(ITL_P50_NOTE)
+    if not notes:
         return t
-    from rich.console import Group  # the counts below it, wrapped at the terminal's width, not the table's
+    from rich.console import Group  # the lines below it, wrapped at the terminal's width, not the table's
 
-    return Group(t, ", ".join(other))
+    return Group(t, *notes)
 
 
 def headroom_table(headroom: dict):

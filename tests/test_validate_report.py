@@ -17,8 +17,8 @@ from scipy.stats import kendalltau
 from test_validate import LLAMA_7B, LLAMA_70B, entry, observe, write_experiment
 
 from evolve.baseline import blackbox_baseline
+from evolve.front_view import RECOMMENDED_LEGEND, print_entries
 from evolve.html_report import write_report
-from evolve.report import RECOMMENDED_LEGEND, print_entries
 from evolve.validation import validate_entry
 from evolve.validation_view import print_validation
 from fitness.ranking import ranking, ranking_check
@@ -157,8 +157,22 @@ def test_validate_tables_fit_80_columns(validated):
         assert words in text
 
 
+def test_a_front_table_marks_which_errors_are_simulated_end_to_end():
+    from evolve.front_view import CLOSED_LOOP_LEGEND
+
+    objectives = {"e2e_error": 0.1457, "closed_loop": 1.0}
+    checked = replace(entry("2.0*decode_tokens"), id="checked00000", objectives=objectives)
+    estimated = replace(entry("3.0*decode_tokens"), id="estimated000", objectives={"e2e_error": 0.1311})
+    lines = _lines(lambda c: print_entries(c, [checked, estimated], None, "all"))
+    assert any("checked00000" in line and "14.57% c" in line for line in lines)
+    assert any("estimated000" in line and "13.11%" in line and "13.11% c" not in line for line in lines)
+    assert CLOSED_LOOP_LEGEND in lines and max(len(line) for line in lines) <= 80
+    alone = _lines(lambda c: print_entries(c, [checked], None, "all"))  # nothing to tell apart: no marks
+    assert CLOSED_LOOP_LEGEND not in alone and not any("14.57% c" in line for line in alone)
+
+
 def test_experiment_labels_fit_a_line_and_name_a_held_out_stage_by_its_rate():
-    from evolve.validation_view import experiment_label, print_validation
+    from evolve.validation_view import experiment_label, print_validation, summary_table
 
     name = "20260218-135247-mixtral-8x7b-v0-1-tp2-reasoning"
     assert experiment_label({"name": name}) == "mixtral-8x7b tp2 reasoning"
@@ -169,6 +183,9 @@ def test_experiment_labels_fit_a_line_and_name_a_held_out_stage_by_its_rate():
     lines = _lines(lambda c: print_validation(c, {"experiments": [withheld], "summary": {}}, "Validation of x"))
     assert any("mixtral-8x7b tp2 reasoning" in line and "93.8 / —" in line for line in lines)  # one line
     assert any(line.startswith("—: nothing observed to compare") for line in lines)
+    summary = {"itl_p50_error_mean": 0.429, "itl_p50_error_max": 0.741}
+    shown = "\n".join(_lines(lambda c: c.print(summary_table(summary))))
+    assert "ITL p50 is the gap between a token's two events" in shown
 
 
 def test_a_transfer_check_keeps_its_names_whole_and_its_counts_readable(validated):
