@@ -230,9 +230,10 @@ def per_experiment_table(per_experiment: dict[str, dict]):
         }
         for name, m in sorted(per_experiment.items())
     ]
-    if all(r["step MAPE"] == "-" for r in rows):
-        for r in rows:
-            del r["step MAPE"]
+    for header, _ in shown:  # a column with nothing in it (no experiments, or no traces) is left out
+        if all(r[header] == "-" for r in rows):
+            for r in rows:
+                del r[header]
     what = "in the closed loop" if closed else "the search's estimates"
     return rows_table(rows, title=f"Per-experiment errors ({what}; step MAPE: trace holdout)")
 
