@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evolve.cli_parser import OneLineParser  # noqa: E402
 from evolve.report import display_expression  # noqa: E402
-from evolve.validation_view import experiment_label  # noqa: E402
+from evolve.validation_view import experiment_label, fmt_share, fmt_value  # noqa: E402
 
 METRICS = (("e2e_mean_pred_s", "E2E s", 1.0), ("ttft_mean_pred_s", "TTFT s", 1.0), ("itl_mean_pred_s", "ITL ms", 1e3))
 
@@ -52,17 +52,21 @@ def same_predictions(a: list[dict], b: list[dict], rel: float = 1e-6) -> bool:
     return all(close(x.get(k), y.get(k)) for x, y in zip(a, b, strict=True) for k in keys)
 
 
-def distinct(predictions: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict[str, str]]:
-    """(the models with predictions of their own, in order; each dropped model -> the kept one it repeats)."""
-    kept: dict[str, list[dict]] = {}
+def distinct(
+    predictions: dict[str, list[dict]], prefer: str | None = None
+) -> tuple[dict[str, list[dict]], dict[str, str]]:
+    """(the models with predictions of their own, in order; each dropped model -> the kept one it
+    repeats). Of twins the first is kept, and PREFER (the recommended model) before any other."""
+    order = sorted(predictions, key=lambda m: m != prefer)  # stable: PREFER first, then as given
+    chosen: dict[str, list[dict]] = {}
     repeats: dict[str, str] = {}
-    for model, items in predictions.items():
-        twin = next((k for k, v in kept.items() if same_predictions(v, items)), None)
+    for model in order:
+        twin = next((k for k, v in chosen.items() if same_predictions(v, predictions[model])), None)
         if twin is None:
-            kept[model] = items
+            chosen[model] = predictions[model]
         else:
             repeats[model] = twin
-    return kept, repeats
+    return {m: predictions[m] for m in predictions if m in chosen}, repeats
 
 
 def spread_lines(predictions: dict[str, list[dict]], recommended: str | None = None) -> list[str]:
@@ -76,21 +80,13 @@ def spread_lines(predictions: dict[str, list[dict]], recommended: str | None = N
     for name, rows in by_experiment.items():
         lines += [experiment_label({"name": name}), header]
         for model, item in rows:
-            cells = "".join(f"{_fmt(item.get(k), scale):>12}" for k, _, scale in METRICS)
+            cells = "".join(f"{fmt_value(item.get(k), scale):>12}" for k, _, scale in METRICS)
             mark = "*" if model == recommended else " "
-            fail, fit = _pct(item.get("failure_fraction_pred")), _pct(item.get("fit_e2e_error_max"))
+            fail, fit = fmt_share(item.get("failure_fraction_pred")), fmt_share(item.get("fit_e2e_error_max"))
             lines.append(f"{mark} {model:<14}{cells}{fail:>12}{fit:>9}")
         cells = "".join(f"{_range(rows, k, scale):>12}" for k, _, scale in METRICS)
         lines += [f"  {'range':<14}{cells}{_range(rows, 'failure_fraction_pred', 100.0, '%'):>12}", ""]
     return lines
-
-
-def _fmt(value, scale: float) -> str:
-    return "—" if value is None else f"{value * scale:.3g}"
-
-
-def _pct(value) -> str:
-    return "—" if value is None else f"{100 * value:.1f}%"
 
 
 def _range(rows: list[tuple[str, dict]], key: str, scale: float, unit: str = "") -> str:
@@ -138,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         args_ = (resolver, e.expression, e.overheads, 0, args.jobs, False, 1, run_scatter(e.run_config))
         fit = e.objectives["e2e_error_max"]
         predictions[e.id] = [{**item, "fit_e2e_error_max": fit} for item in closed_loop_items(withheld, *args_)]
-    kept, repeats = distinct(predictions)
     recommended = recommend(front).id
+    kept, repeats = distinct(predictions, prefer=recommended)
     print(f"{len(kept)} models of the front with their own predictions, worst mean-E2E error on")
     print(f"the runs with results at most {100 * args.max_e2e:g}% (fit E2E); * recommended:")
     for e in models:

@@ -319,15 +319,28 @@ def refresh_every(config: RunConfig) -> int:
 
 def refresh_trajectories(search, config: RunConfig, resolver: DeploymentResolver, names: list[str], ui) -> None:
     """Re-record the trajectories with the search's current best model (closed loop), rescore."""
+    recorded = record_refresh(search, config, resolver, names, ui)
+    if recorded is not None:
+        adopt_refresh(search, *recorded)
+
+
+def record_refresh(search, config: RunConfig, resolver: DeploymentResolver, names: list[str], ui):
+    """(replay rows, model) that the search's current best model records in the closed loop;
+    None where it recorded the current ones or serves no request. The search is not touched:
+    an interrupt or the time limit here leaves it whole."""
     model = replay_model_of(search.best_item()[1])
     if model == search.state.replay_model:  # the same closed loop would record the same trajectories
         ui.log(f"generation {search.state.generation}: the best model recorded the trajectories already; kept")
-        return
+        return None
     ui.log(f"generation {search.state.generation}: refreshing trajectories with the current best model")
     try:
-        rows = run_rows(config, resolver, model, names)
+        return run_rows(config, resolver, model, names), model
     except NoSuccessfulRequest as exc:  # the model's own failure: keep the trajectories of the last one
         ui.log(f"refresh skipped, keeping the previous trajectories: {exc}")
-        return
+        return None
+
+
+def adopt_refresh(search, rows, model) -> None:
+    """Continue the search under ROWS, recorded by MODEL: rescore its population and hall."""
     search.replace_context(replace(search.ctx, replay=rows))
     search.state.replay_model = model

@@ -353,7 +353,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     what, kind = VALIDATE_MODES[args.mode]
     with_baseline = bool(args.baseline or report_dir)
     what += " (and the BLIS blackbox baseline's)" if with_baseline else ""
-    with console.status(f"{entry.id}: {what} of every experiment in {Path(args.experiments).name}/ ..."):
+    with console.status(f"{entry.id}: {what} of every experiment in {Path(args.experiments).resolve().name}/ ..."):
         result = validate_entry(
             entry,
             str(args.experiments),

@@ -99,7 +99,9 @@ def interrupt_behind(exc: BaseException) -> BaseException | None:
     interrupt was being handled (a full disk while checkpointing stays a full disk)."""
     seen = 0
     while isinstance(exc, SystemError) and seen < 1000:  # numba nests one per compiled frame
-        exc, seen = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__), seen + 1
+        # the direct cause only ("returned a result with an exception set" is raised from it);
+        # a SystemError raised while an interrupt was handled has it as context, and stays one
+        exc, seen = exc.__cause__, seen + 1
     return exc if isinstance(exc, (KeyboardInterrupt, SystemExit)) else None
 
 

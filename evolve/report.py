@@ -190,11 +190,15 @@ def mapping_table(mapping: dict, title: str | None = None, key_label: str = "nam
 
 
 def _mapping_value(value: Any) -> str:
-    if isinstance(value, dict):
-        return "\n".join(f"{short_experiment_name(str(k))}: {fmt_number(v)}" for k, v in value.items()) or "none"
+    if isinstance(value, dict):  # experiments (kv_sharing) by their short names, other keys as they are
+        return "\n".join(f"{_short_key(str(k))}: {fmt_number(v)}" for k, v in value.items()) or "none"
     if isinstance(value, (list, tuple)):
         return ", ".join(str(v) for v in value) or "none"
     return fmt_number(value)
+
+
+def _short_key(key: str) -> str:
+    return short_experiment_name(key) if re.match(r"^\d{8}-\d{6}-", key) else key
 
 
 def short_experiment_name(name: str) -> str:
@@ -235,7 +239,8 @@ def per_experiment_table(per_experiment: dict[str, dict]):
             for r in rows:
                 del r[header]
     what = "in the closed loop" if closed else "the search's estimates"
-    return rows_table(rows, title=f"Per-experiment errors ({what}; step MAPE: trace holdout)")
+    steps = "; step MAPE: trace holdout" if rows and "step MAPE" in rows[0] else ""
+    return rows_table(rows, title=f"Per-experiment errors ({what}{steps})")
 
 
 NUMBER_CELL = re.compile(r"^(?:[-+]?[\d.,]+(?:e[-+]?\d+)?\s?(?:%|x|ms|s|µs)?|-|—|)$")
@@ -251,10 +256,17 @@ def rows_table(rows: list[dict], title: str | None = None, caption: str | None =
                 columns.append(k)
     cells = [[fmt_cell(c, r[c]) if c in r else "-" for c in columns] for r in rows]
     table = titled_table(title, caption)
+    # the narrowest each column can go without splitting a word: does the table fit so?
+    narrowest = [
+        max(len(w) for text in [c] + [row[i] for row in cells] for w in text.split() or [""])
+        for i, c in enumerate(columns)
+    ]
+    fits = sum(narrowest) + 3 * len(columns) + 1 <= TABLE_MAX_WIDTH  # cells, padding and borders
     for i, c in enumerate(columns):
         numeric = all(NUMBER_CELL.match(row[i]) for row in cells)
-        # a column of single words (names, identifiers) is never split; prose wraps at its spaces
-        words = all(" " not in row[i] for row in cells)
+        # where everything fits, a column of single words (names) is never split and prose
+        # wraps at its spaces; where not, rich folds (it cuts an unwrappable cell short)
+        words = fits and not numeric and all(" " not in row[i] for row in cells)
         table.add_column(c, justify="right" if numeric else "left", no_wrap=words, overflow="fold")
     for row in cells:
         table.add_row(*row)

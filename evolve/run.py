@@ -12,11 +12,17 @@ import signal
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn
 
 from archive.rundir import RunDir, RunLock, record_latest, refuse_used_dir
 from archive.store import ArchiveStore
-from evolve.calibration import calibrated_replay_rows, experiments_fingerprint, refresh_every, refresh_trajectories
+from evolve.calibration import (
+    adopt_refresh,
+    calibrated_replay_rows,
+    experiments_fingerprint,
+    record_refresh,
+    refresh_every,
+)
 from evolve.config import RunConfig
 from evolve.crash import interrupt_behind, is_time_limit, time_limit_alarm
 from evolve.evaluator import Evaluator
@@ -79,13 +85,16 @@ class TrajectoryRefresh:
         generation = search.state.generation
         due = generation % refresh_every(self.config) == 0 and generation < self.config.generations
         if due and not self.termination.out_of_time():
-            try:
+            try:  # the limit stops the recording only: the search is untouched until the swap
                 with time_limit_alarm(self.termination.remaining_s(), "a trajectory refresh"):
-                    refresh_trajectories(search, self.config, self.resolver, self.names, self.ui)
+                    recorded = record_refresh(search, self.config, self.resolver, self.names, self.ui)
             except BaseException as exc:  # the limit: keep the current trajectories, stop next
                 if not is_time_limit(exc):
                     raise
-                self.ui.log("time limit reached during a trajectory refresh; keeping the previous trajectories")
+                self.ui.log("time limit reached while refreshing trajectories; keeping the previous ones")
+                return
+            if recorded is not None:
+                adopt_refresh(search, *recorded)
 
 
 class Progress:
@@ -284,6 +293,21 @@ def _run(config: RunConfig, ui, termination: Termination) -> list:
     return entries
 
 
+def _stop(exc: BaseException, search, store, run_id: str, checkpointer, archiver=None) -> NoReturn:
+    """Raise EXC on. An interrupt first keeps what the finished generations found (the front
+    with ARCHIVER, a checkpoint for --resume) and marks the run interrupted at its generation."""
+    interrupt = interrupt_behind(exc)
+    if interrupt is None:
+        raise exc
+    if archiver is not None:
+        archiver.record(search)
+    checkpointer.save(search)
+    store.finish_run(run_id, {"generations": search.state.generation}, status="interrupted")
+    if interrupt is exc:
+        raise exc
+    raise interrupt from None
+
+
 def _search(
     config, ctx, names, resolver, replay_model, evaluator, store, meta, termination, owner, ui
 ) -> tuple[list, dict]:
@@ -306,16 +330,7 @@ def _search(
     try:
         status = run_generations(search, termination, callbacks)
     except BaseException as exc:
-        interrupt = interrupt_behind(exc)
-        if interrupt is None:
-            raise
-        # keep what the finished generations found; the checkpoint allows --resume
-        archiver.record(search)
-        checkpointer.save(search)
-        store.finish_run(run_id, {"generations": search.state.generation}, status="interrupted")
-        if interrupt is exc:
-            raise
-        raise interrupt from None
+        _stop(exc, search, store, run_id, checkpointer, archiver)
     entries = record_front(store, search, meta, final=True)
     if config.experiments and config.closed_loop_checks > 0 and not termination.out_of_time():
         try:
@@ -335,7 +350,7 @@ def _search(
                 )
         except BaseException as exc:  # the limit: the front stays as the search scored it
             if not is_time_limit(exc):
-                raise
+                _stop(exc, search, store, run_id, checkpointer)  # the final front is recorded already
             ui.log("time limit reached during the final closed-loop check; the front keeps the search's scores")
         else:
             stats = {"evaluations": search.state.evaluations, "closed_loop_checked": [e.id for e in checked]}

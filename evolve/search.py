@@ -171,13 +171,26 @@ class Search:
         self.state.python_random_state = random.getstate()
 
     def replace_context(self, ctx: FitnessContext) -> None:
-        """Continue under refreshed replay rows: rescore the population and the hall."""
-        self.ctx = ctx
-        self.evaluator.reset(ctx)
+        """Continue under refreshed replay rows: rescore the population and the hall. An
+        interrupt while rescoring leaves the context and the hall as they were (the run then
+        archives and checkpoints them), not a hall half rescored under new rows."""
         programs = [p for p, _ in self.state.hall.values()] + list(self.state.population)
-        self.state.hall = {}
-        for p, s in zip(programs, self.evaluator.score(programs), strict=True):
-            self._offer(p, s, self.state.generation)
+        old_hall, old_memo, old_ctx = self.state.hall, dict(self.evaluator.memo), self.evaluator.ctx
+        self.evaluator.reset(ctx)
+        try:
+            scores = self.evaluator.score(programs)
+            self.state.hall = {}
+            for p, s in zip(programs, scores, strict=True):
+                self._offer(p, s, self.state.generation)
+        except BaseException:
+            # the hall's scores are read from the memo: both as they were. The workers keep the
+            # new rows (no pool restart while an interrupt unwinds); the run is stopping
+            self.state.hall = old_hall
+            self.evaluator.memo.clear()
+            self.evaluator.memo.update(old_memo)
+            self.evaluator.ctx = old_ctx
+            raise
+        self.ctx = ctx
 
     def best_item(self) -> tuple[Program, Score]:
         """The candidate with the lowest combined error (drives trajectory refreshes)."""

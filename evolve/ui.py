@@ -158,7 +158,7 @@ class RunUI:
         """Stop the progress display and print the front and the run summary."""
         self.close()
         entries = sorted(entries, key=lambda e: (e.complexity, e.id))
-        took = f"search loop {fmt_duration(time.monotonic() - self._t0)}"  # set-up and final checks not in it
+        took = f"after set-up {fmt_duration(time.monotonic() - self._t0)}"  # from start(): set-up not in it
         if "wall_time_s" in summary:
             took += f", whole run {fmt_duration(summary['wall_time_s'])}"
         if self.quiet:

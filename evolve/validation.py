@@ -179,10 +179,11 @@ def stage_fold(scored: list[ExperimentSpec]) -> Fold:
 
     def report(item: dict) -> list[dict]:
         keep = ("name", "model", "workload")
+        high = split[item["name"]][1]
         return [
-            {**{k: item[k] for k in keep}, **st, "held_out_stage": st["stage"]}
+            {**{k: item[k] for k in keep}, **st, "held_out_stage": st["stage"], "held_out_stages": len(high)}
             for st in item["stages"]
-            if st["stage"] in split[item["name"]][1]
+            if st["stage"] in high
         ]
 
     return Fold(

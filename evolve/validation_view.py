@@ -50,8 +50,9 @@ def experiment_label(item: dict) -> str:
     no ``-hf`` or version suffix on the model (``mixtral-8x7b tp2 general``)."""
     name = _NAME_NOISE.sub("", short_experiment_name(item["name"]))
     if "held_out_stage" in item:  # stage transfer: one row per high-rate stage, named by its rate
-        rate = item.get("rate_per_s")
-        name += f" @{rate:g}/s" if rate is not None else f" (stage {item['held_out_stage']})"
+        rate, stage = item.get("rate_per_s"), f"stage_{item['held_out_stage']}"  # as its lifecycle file
+        several = rate is None or item.get("held_out_stages", 1) > 1  # stages at one rate: say which
+        name += (f" @{rate:g}/s" if rate is not None else "") + (f" {stage}" if several else "")
     return name  # a held-out model or workload: every row is one, as the title says
 
 

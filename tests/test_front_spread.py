@@ -52,6 +52,8 @@ def test_a_model_with_another_form_of_the_same_arithmetic_is_not_counted_twice(s
     kept, repeats = spread.distinct(predictions)
     assert list(kept) == ["fe955dd8f116", "c4f54511aad9"] and repeats == {"14250391820b": "fe955dd8f116"}
     assert not spread.same_predictions([_item(93.8, 0.0)], [_item(93.8, 0.01)])  # failures differ
+    kept, repeats = spread.distinct(predictions, prefer="14250391820b")  # the recommended one of twins stays
+    assert list(kept) == ["14250391820b", "c4f54511aad9"] and repeats == {"fe955dd8f116": "14250391820b"}
 
 
 def test_the_table_gives_each_model_and_the_range_within_80_columns(spread):

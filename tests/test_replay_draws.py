@@ -4,6 +4,7 @@ one draw's luck can move a mean TTFT by tens of percent)."""
 
 import io
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -145,7 +146,6 @@ def test_run_refuses_a_bad_number_of_draws_in_one_line(tmp_path, monkeypatch, ca
 
 def test_every_recording_of_a_run_averages_the_runs_draws(monkeypatch):
     """Calibration (from scratch and from a checkpointed model) and the search's refreshes."""
-    from types import SimpleNamespace
 
     import evolve.calibration as cal
     from evolve.config import RunConfig
@@ -201,6 +201,44 @@ def test_the_time_limit_is_found_behind_any_number_of_compiled_frames():
     assert isinstance(interrupt_behind(ctrl_c), KeyboardInterrupt) and not is_time_limit(ctrl_c)
     assert interrupt_behind(in_compiled_code(ValueError("a real failure"), 3)) is None
     assert interrupt_behind(SystemError("a C extension failed")) is None
+    try:  # a genuine failure while an interrupt is handled: the interrupt is its context, not its cause
+        try:
+            raise KeyboardInterrupt("signal 2")
+        except KeyboardInterrupt:
+            raise SystemError("a C extension failed") from None
+    except SystemError as failed:
+        assert interrupt_behind(failed) is None
+    try:
+        try:
+            raise KeyboardInterrupt("signal 2")
+        except KeyboardInterrupt:
+            raise SystemError("a C extension failed")  # noqa: B904 (the implicit context is the case)
+    except SystemError as failed:
+        assert interrupt_behind(failed) is None
+
+
+def test_the_time_limit_in_a_trajectory_refresh_stops_the_recording_and_leaves_the_search(monkeypatch):
+    """The limit, delivered from compiled code, lands while the refresh records: the search
+    keeps its trajectories and is never touched; without the limit the recording is adopted."""
+    import evolve.run as er
+    from evolve.config import RunConfig
+    from evolve.crash import TimeLimitReached
+
+    adopted, logged = [], []
+
+    def recording_hit_by_the_limit(*args):
+        raise in_compiled_code(TimeLimitReached("a trajectory refresh"), frames=26)
+
+    monkeypatch.setattr(er, "record_refresh", recording_hit_by_the_limit)
+    monkeypatch.setattr(er, "adopt_refresh", lambda search, rows, model: adopted.append(model))
+    ui = SimpleNamespace(log=logged.append)
+    refresh = er.TrajectoryRefresh(RunConfig(generations=9, refresh_every=3), None, ["tp"], ui, er.Termination(9, 60.0))
+    search = SimpleNamespace(state=SimpleNamespace(generation=3))
+    refresh.on_generation(search, 0.1)
+    assert adopted == [] and logged == ["time limit reached while refreshing trajectories; keeping the previous ones"]
+    monkeypatch.setattr(er, "record_refresh", lambda *args: ("rows", "model"))
+    refresh.on_generation(search, 0.1)
+    assert adopted == ["model"]
 
 
 def test_a_finished_run_whose_final_check_the_time_limit_skipped_finishes_it_on_resume(tmp_path, monkeypatch):
@@ -243,3 +281,32 @@ def test_a_finished_run_whose_final_check_the_time_limit_skipped_finishes_it_on_
     before = archive.read_bytes()
     er.run_search(resume, RunUI(quiet=True, stream=io.StringIO()), given=frozenset({"generations"}))
     assert calls == [0, 1] and archive.read_bytes() == before  # nothing left to do: nothing written
+
+
+def test_ctrl_c_in_the_final_check_keeps_the_run_at_its_generation(tmp_path, monkeypatch):
+    """An interrupt in the final closed-loop check marked the run interrupted at generation 0
+    and left the checkpoint where the last periodic save put it."""
+    import evolve.run as er
+    from archive.rundir import RunDir
+    from archive.store import ArchiveStore
+    from evolve.config import RunConfig
+    from evolve.search import Search
+    from evolve.ui import RunUI
+
+    monkeypatch.chdir(tmp_path)
+    exps = tmp_path / "exps"
+    observe(write_experiment(exps, "e-llama-2-7b-tp1-general", *LLAMA_7B, rate=2.0, duration=6))
+
+    def check(*args, **kwargs):
+        raise in_compiled_code(KeyboardInterrupt("signal 2"), frames=3)
+
+    monkeypatch.setattr(er, "closed_loop_check", check)
+    options = dict(generations=2, population=12, experiments=str(exps), closed_loop_checks=1, calibration_rounds=0)
+    config = RunConfig(run_dir="runs/a", checkpoint_every=5, **options)
+    with pytest.raises(KeyboardInterrupt):
+        er.run_search(config, RunUI(quiet=True, stream=io.StringIO()))
+    run_dir = RunDir(tmp_path / "runs" / "a")
+    with ArchiveStore(run_dir.archive, create=False, read_only=True) as store:
+        (run,) = store.runs()
+        assert run.status == "interrupted" and run.summary["generations"] == 2 and store.front()
+    assert Search.peek_checkpoint(run_dir.checkpoint).generation == 2

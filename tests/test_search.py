@@ -138,3 +138,31 @@ def test_unique_candidates_count_across_trajectory_refreshes():
         assert not ev.memo
         ev.score([a])
         assert len(ev.seen) == 2 and len(ev.memo) == 1
+
+
+def test_an_interrupt_while_rescoring_under_new_rows_leaves_the_search_as_it_was():
+    """A trajectory refresh rescored the hall in place: an interrupt halfway left a hall
+    half rescored, which the run then archived and checkpointed. Now it stays whole."""
+    table = planted_table(n=1500)
+    cfg = RunConfig(generations=2, population=40, seed=3, jobs=1)
+    ctx = FitnessContext(table)
+    with Evaluator(ctx, 1) as ev:
+        s = Search(cfg, ctx, table.primitive_names, ev)
+        s.initialise()
+        s.step()
+        before = [(canonical(p), sc.train_error) for p, sc in s.front()]
+        real_score = ev.score
+
+        def interrupted(programs):
+            real_score(programs[: len(programs) // 2])  # half the work done, then Ctrl-C
+            raise KeyboardInterrupt("signal 2")
+
+        ev.score = interrupted
+        new_ctx = FitnessContext(planted_table(n=1500, seed=1))
+        with pytest.raises(KeyboardInterrupt):
+            s.replace_context(new_ctx)
+        assert s.ctx is ctx and ev.ctx is ctx
+        assert [(canonical(p), sc.train_error) for p, sc in s.front()] == before  # the same front, same scores
+        ev.score = real_score
+        s.replace_context(new_ctx)  # uninterrupted, it takes the new rows
+        assert s.ctx is new_ctx and [canonical(p) for p, _ in s.front()]

@@ -157,6 +157,21 @@ def test_validate_tables_fit_80_columns(validated):
         assert words in text
 
 
+def test_a_table_too_wide_for_its_names_folds_them_and_never_cuts_a_number():
+    from evolve.report import rows_table
+
+    row = {"deployment": "20260218-135247-mixtral-8x7b-v0-1-tp2-reasoning", "n": 123456, "mape as stored": 0.0312}
+    row |= {"mape refitted": 0.0401, "pinned": "yes", "flag": "on the bound (4)"}  # score --lodo's columns
+    lines = _lines(lambda c: c.print(rows_table([row], title="t")))
+    text = "\n".join(lines)
+    assert "123456" in text and "3.12%" in text and "4.01%" in text and "yes" in text  # cut short before
+    assert max(len(line) for line in lines) <= 80
+    term = {"term": "prefill_attention_time_us", "kind": "efficiency", "coefficient": "4"}
+    term["flag"] = "on the upper bound (4)"
+    lines = _lines(lambda c: c.print(rows_table([term], title="Fitted efficiencies")))
+    assert any("prefill_attention_time_us" in line for line in lines)  # it fits: the name stays whole
+
+
 def test_a_front_table_marks_which_errors_are_simulated_end_to_end():
     from evolve.front_view import CLOSED_LOOP_LEGEND
 
@@ -179,6 +194,8 @@ def test_experiment_labels_fit_a_line_and_name_a_held_out_stage_by_its_rate():
     assert experiment_label({"name": "20260218-065057-llama-2-70b-hf-tp4-reasoning"}) == "llama-2-70b tp4 reasoning"
     staged = {"name": "20260217-202857-llama-2-70b-tp4-general", "held_out_stage": 1, "rate_per_s": 20.0}
     assert experiment_label(staged) == "llama-2-70b tp4 general @20/s"
+    two = {**staged, "held_out_stage": 2, "held_out_stages": 2}  # two stages at the top rate: which one
+    assert experiment_label(two) == "llama-2-70b tp4 general @20/s stage_2"
     withheld = {"name": name, "e2e_mean_pred_s": 93.8, "e2e_mean_obs_s": None, "failure_fraction_pred": 0.0}
     lines = _lines(lambda c: print_validation(c, {"experiments": [withheld], "summary": {}}, "Validation of x"))
     assert any("mixtral-8x7b tp2 reasoning" in line and "93.8 / —" in line for line in lines)  # one line
