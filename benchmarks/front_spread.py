@@ -17,6 +17,7 @@ has (one the visible runs never exercise) moves all of them alike.
 
 from __future__ import annotations
 
+import math
 import sys
 import textwrap
 from pathlib import Path
@@ -45,9 +46,7 @@ def same_predictions(a: list[dict], b: list[dict], rel: float = 1e-6) -> bool:
     keys = [k for k, _, _ in METRICS] + ["failure_fraction_pred"]
 
     def close(u, v) -> bool:
-        if u is None or v is None:
-            return u is v
-        return abs(u - v) <= rel * max(abs(u), abs(v), 1e-12)
+        return u is v if u is None or v is None else math.isclose(u, v, rel_tol=rel)
 
     return all(close(x.get(k), y.get(k)) for x, y in zip(a, b, strict=True) for k in keys)
 

@@ -317,13 +317,6 @@ def refresh_every(config: RunConfig) -> int:
     return config.refresh_every or max(config.generations // 3, 1)
 
 
-def refresh_trajectories(search, config: RunConfig, resolver: DeploymentResolver, names: list[str], ui) -> None:
-    """Re-record the trajectories with the search's current best model (closed loop), rescore."""
-    recorded = record_refresh(search, config, resolver, names, ui)
-    if recorded is not None:
-        adopt_refresh(search, *recorded)
-
-
 def record_refresh(search, config: RunConfig, resolver: DeploymentResolver, names: list[str], ui):
     """(replay rows, model) that the search's current best model records in the closed loop;
     None where it recorded the current ones or serves no request. The search is not touched:

@@ -95,8 +95,8 @@ def interrupt_behind(exc: BaseException) -> BaseException | None:
     or SystemExit), or the interrupt behind a SystemError: a signal handled just as compiled
     (numba) code returns surfaces as one ("returned a result with an exception set"),
     chained to the interrupt, one SystemError per compiled frame it passed through. None
-    for any other failure, also one raised while an
-    interrupt was being handled (a full disk while checkpointing stays a full disk)."""
+    for any other failure, also one raised while an interrupt was being handled (a full
+    disk while checkpointing stays a full disk)."""
     seen = 0
     while isinstance(exc, SystemError) and seen < 1000:  # numba nests one per compiled frame
         # the direct cause only ("returned a result with an exception set" is raised from it);

@@ -198,13 +198,16 @@ def _mapping_value(value: Any) -> str:
 
 
 def _short_key(key: str) -> str:
-    return short_experiment_name(key) if re.match(r"^\d{8}-\d{6}-", key) else key
+    return short_experiment_name(key) if _DATE_PREFIX.match(key) else key
+
+
+_DATE_PREFIX = re.compile(r"^\d{8}-\d{6}-")  # an experiment folder's start time
 
 
 def short_experiment_name(name: str) -> str:
     """An experiment's folder name without its date prefix, with spaces where it may wrap:
     ``20260218-141024-mixtral-8x7b-v0-1-tp2-roleplay`` -> ``mixtral-8x7b-v0-1 tp2 roleplay``."""
-    name = re.sub(r"^\d{8}-\d{6}-", "", name)
+    name = _DATE_PREFIX.sub("", name)
     head, _, workload = name.rpartition("-")
     return f"{head.replace('-tp', ' tp')} {workload}" if head else name
 

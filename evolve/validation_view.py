@@ -56,15 +56,15 @@ def experiment_label(item: dict) -> str:
     return name  # a held-out model or workload: every row is one, as the title says
 
 
-def fmt_error(value: float | None, percent_sign: bool = True) -> str:
-    """A signed relative error as a coloured percentage (green within 10%, yellow within 15%);
-    without its sign where the table's title says "in %"."""
+def fmt_error(value: float | None) -> str:
+    """A signed relative error in percent, coloured (green within 10%, yellow within 15%);
+    without a % sign: the error table's title says "in %"."""
     if value is None:
         return "—"
     colour = "green" if abs(value) <= 0.10 else ("yellow" if abs(value) <= 0.15 else "red")
     pct = 100.0 * value
     text = f"{pct:+.1f}" if abs(pct) < 100 else (f"{pct:+.0f}" if pct < 1000 else ">999")
-    return f"[{colour}]{text}{'%' if percent_sign else ''}[/]"
+    return f"[{colour}]{text}[/]"
 
 
 def fmt_share(fraction) -> str:
@@ -122,7 +122,7 @@ def errors_table(result: dict, title: str):
         t.add_column(f"{LABELS[m]}\n{stat}", justify="right", no_wrap=True)
     for it in result.get("experiments", []):
         errors = [_error(it, m, stat) for m, stat in ERROR_COLUMNS]
-        t.add_row(experiment_label(it), *(fmt_error(e, percent_sign=False) for e in errors))
+        t.add_row(experiment_label(it), *(fmt_error(e) for e in errors))
     return t
 
 

@@ -171,7 +171,7 @@ def test_every_recording_of_a_run_averages_the_runs_draws(monkeypatch):
         ctx=ctx,
         replace_context=lambda new: None,
     )
-    cal.refresh_trajectories(search, config, None, ["tp"], ui)
+    cal.record_refresh(search, config, None, ["tp"], ui)
     assert seen == [(True, 7, 3), (False, 7, 3), (False, 7, 3), (False, 7, 3)]
 
 
