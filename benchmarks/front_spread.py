@@ -69,7 +69,7 @@ def distinct(
 
 
 def spread_lines(predictions: dict[str, list[dict]], recommended: str | None = None) -> list[str]:
-    """Per experiment, a line per model (id -> its ``closed_loop_items``) and one of the range; 80 columns."""
+    """Per experiment, a line per model (id -> its ``closed_loop_runs``) and one of the range; 80 columns."""
     header = f"  {'model':<14}{'E2E s':>12}{'TTFT s':>12}{'ITL ms':>12}{'failed':>12}{'fit E2E':>9}"
     by_experiment: dict[str, list[tuple[str, dict]]] = {}
     for model, items in predictions.items():
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     from archive.select import recommend
     from archive.store import ArchiveStore
     from fitness.step_scatter import run_scatter
-    from fitness.validate import closed_loop_items
+    from fitness.validate import ClosedLoopSettings, closed_loop_runs, same_model
     from primitives.data.experiments import find_experiments
     from primitives.deployment import DeploymentResolver
     from primitives.errors import InputError
@@ -130,9 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     resolver = DeploymentResolver.from_options()
     predictions = {}
     for e in models:
-        args_ = (resolver, e.expression, e.overheads, 0, args.jobs, False, 1, run_scatter(e.run_config))
+        runs = same_model(withheld, e.expression, e.overheads)
+        settings = ClosedLoopSettings(scatter=run_scatter(e.run_config), jobs=args.jobs)
         fit = e.objectives["e2e_error_max"]
-        predictions[e.id] = [{**item, "fit_e2e_error_max": fit} for item in closed_loop_items(withheld, *args_)]
+        items = closed_loop_runs(runs, resolver, settings, tails=False)
+        predictions[e.id] = [{**item, "fit_e2e_error_max": fit} for item in items]
     recommended = recommend(front).id
     kept, repeats = distinct(predictions, prefer=recommended)
     print(f"{len(kept)} models of the front with their own predictions, worst mean-E2E error on")

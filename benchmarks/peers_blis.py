@@ -47,7 +47,7 @@ from archive.rundir import RunDir  # noqa: E402
 from archive.select import recommend  # noqa: E402
 from archive.store import ArchiveStore  # noqa: E402
 from fitness.sim.loadgen import DEFAULT_EVENT_GAP_US, EVENTS_PER_TOKEN  # noqa: E402
-from fitness.validate import closed_loop_items  # noqa: E402
+from fitness.validate import ClosedLoopSettings, closed_loop_runs, same_model  # noqa: E402
 from primitives.data.experiments import find_experiments  # noqa: E402
 from primitives.data.roots import shared_data_root  # noqa: E402
 from primitives.deployment import canonical_model_key, default_resolver  # noqa: E402
@@ -179,7 +179,8 @@ def compare_all(
     print(f"entry {entry.id}: {entry.expression}\n{len(specs)} experiments with results", file=sys.stderr)
     project = {}
     if "SS-P" in columns:
-        items = closed_loop_items(specs, resolver, entry.expression, entry.overheads, jobs=jobs)
+        runs = same_model(specs, entry.expression, entry.overheads)
+        items = closed_loop_runs(runs, resolver, ClosedLoopSettings(jobs=jobs))
         project = {it["name"]: it for it in items}
     rows = []
     with tempfile.TemporaryDirectory(prefix="peers-blis-") as tmp:

@@ -23,7 +23,7 @@ from pathlib import Path
 import sympy as sp
 
 from evolve.calibration import refresh_replay_rows, scored_experiments
-from fitness.validate import closed_loop_runs, default_jobs, refit
+from fitness.validate import ONE_DRAW, ClosedLoopSettings, closed_loop_runs, refit
 from primitives.deployment import DeploymentResolver
 from primitives.errors import InputError
 
@@ -41,18 +41,12 @@ METHOD = (
 def blackbox_baseline(
     experiments_dir,
     resolver: DeploymentResolver,
-    seed: int = 0,
-    jobs: int | None = None,
-    load_draws: int = 1,
-    scatter=None,
+    settings: ClosedLoopSettings = ONE_DRAW,
 ) -> dict:
     """Fit the per-model blackbox on the experiments with results and validate it in the closed loop
     (with as many draws of the load, and the same step scatter, as the model it is compared with)."""
-    jobs = jobs or default_jobs()
     specs = scored_experiments(Path(experiments_dir))
-    rows = refresh_replay_rows(
-        Path(experiments_dir), resolver, None, list(BLACKBOX_TERMS), seed, jobs, scatter, load_draws
-    )
+    rows = refresh_replay_rows(Path(experiments_dir), resolver, None, list(BLACKBOX_TERMS), settings)
     terms = [sp.Symbol(t) for t in BLACKBOX_TERMS]
     model_of = {s.name: resolver.resolve_experiment(s).model.name for s in specs}
     fitted: dict[str, dict] = {}
@@ -67,5 +61,5 @@ def blackbox_baseline(
     return {
         "method": METHOD,
         "models": fitted,
-        "experiments": closed_loop_runs(runs, resolver, seed, jobs, True, load_draws, scatter),
+        "experiments": closed_loop_runs(runs, resolver, settings),
     }

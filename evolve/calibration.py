@@ -44,7 +44,7 @@ from fitness.sim.loadgen import NoSuccessfulRequest, require_success
 from fitness.sim.models import AnchoredModel, ExpressionLatencyModel, reference_model
 from fitness.sim.replay import OVERHEAD_NAMES, metric_weights
 from fitness.step_scatter import recorded_scatter, step_scales
-from fitness.validate import per_draw
+from fitness.validate import ClosedLoopSettings, per_draw
 from primitives.compute import kernel_binding, primitive_columns
 from primitives.data.experiments import ExperimentSpec, find_experiments
 from primitives.deployment import DeploymentResolver
@@ -203,17 +203,14 @@ def trajectories(
     resolver: DeploymentResolver,
     models: list,
     names: list[str],
-    seed: int,
-    jobs: int,
-    scatter=None,
-    load_draws: int = 1,
+    settings: ClosedLoopSettings,
 ):
-    """Closed-loop runs of each experiment with its model, in parallel (steps scattered as
-    ``scatter``); with ``load_draws`` > 1, each experiment's rows are the mean over that many
-    draws of its load (seeds ``seed``, ``seed + 1``, ...; ``fitness.replay_rows.mean_of_draws``)."""
+    """Closed-loop runs of each experiment with its model, in parallel, as ``settings`` say;
+    with several draws of the load, each experiment's rows are their mean
+    (``fitness.replay_rows.mean_of_draws``)."""
     deps = [resolver.resolve_experiment(s) for s in specs]
     runs = [(s, d, m, names) for s, d, m in zip(specs, deps, models, strict=True)]
-    _, draws = per_draw(record_trajectory, runs, seed, load_draws, jobs, scatter)
+    _, draws = per_draw(record_trajectory, runs, settings, settings.scatter)
     return [mean_of_draws(d) for d in draws]
 
 
@@ -222,10 +219,7 @@ def record_rows(
     resolver: DeploymentResolver,
     entry,
     names: list[str],
-    seed: int,
-    jobs: int,
-    scatter=None,
-    load_draws: int = 1,
+    settings: ClosedLoopSettings,
 ) -> ReplayRows:
     """Rows of these experiments, recorded with a model (expression and overheads) driving the
     closed loop; ``entry`` None: the hand-calibrated reference physics model (the first rows)."""
@@ -234,12 +228,14 @@ def record_rows(
         models = [reference_model(d) for d in deployments]
     else:
         models = [ExpressionLatencyModel.from_entry(entry, d) for d in deployments]
-    return rows_from(trajectories(specs, resolver, models, names, seed, jobs, scatter, load_draws))
+    return rows_from(trajectories(specs, resolver, models, names, settings))
 
 
-def refresh_replay_rows(experiments_dir: Path, resolver: DeploymentResolver, entry, *args, **options) -> ReplayRows:
+def refresh_replay_rows(
+    experiments_dir: Path, resolver: DeploymentResolver, entry, names: list[str], settings: ClosedLoopSettings
+) -> ReplayRows:
     """``record_rows`` of every experiment with results under ``experiments_dir``."""
-    return record_rows(scored_experiments(Path(experiments_dir)), resolver, entry, *args, **options)
+    return record_rows(scored_experiments(Path(experiments_dir)), resolver, entry, names, settings)
 
 
 # --- the search's side: which model records, and when ---------------------------------
@@ -253,14 +249,17 @@ def model_entry(replay_model: tuple[str, dict]):
     return SimpleNamespace(expression=replay_model[0], overheads=replay_model[1])
 
 
+def run_settings(config: RunConfig) -> ClosedLoopSettings:
+    """How a run simulates in the closed loop: its seed, draws of the load, measured step scatter
+    and jobs (its recordings and its final check alike)."""
+    return ClosedLoopSettings(config.seed, config.load_draws, recorded_scatter(config.step_scatter), config.jobs)
+
+
 def run_rows(config: RunConfig, resolver: DeploymentResolver, model: tuple[str, dict] | None, names: list[str]):
     """The run's replay rows recorded with MODEL (None: the reference physics), as every recording
     of a run is made: its experiments, seed, jobs, measured step scatter and draws of the load."""
     entry = model_entry(model) if model is not None else None
-    scatter, draws = recorded_scatter(config.step_scatter), config.load_draws
-    return refresh_replay_rows(
-        Path(config.experiments), resolver, entry, names, config.seed, config.jobs, scatter, draws
-    )
+    return refresh_replay_rows(Path(config.experiments), resolver, entry, names, run_settings(config))
 
 
 def best_seed(ctx: FitnessContext, names: list[str]):

@@ -22,6 +22,7 @@ from evolve.calibration import (
     experiments_fingerprint,
     record_refresh,
     refresh_every,
+    run_settings,
 )
 from evolve.config import RunConfig
 from evolve.crash import interrupt_behind, is_time_limit, time_limit_alarm
@@ -340,13 +341,10 @@ def _search(
                     config.closed_loop_checks,
                     Path(config.experiments),
                     resolver,
-                    config.seed,
-                    config.jobs,
+                    run_settings(config),
                     ui,
                     rows=search.ctx.replay,
                     bounds=search.ctx.efficiency_bounds,
-                    scatter=recorded_scatter(config.step_scatter),
-                    load_draws=config.load_draws,
                 )
         except BaseException as exc:  # the limit: the front stays as the search scored it
             if not is_time_limit(exc):

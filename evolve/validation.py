@@ -48,7 +48,7 @@ from fitness.scoring import error_stats
 from fitness.sim.loadgen import NoSuccessfulRequest
 from fitness.step_scatter import RUN_SCATTER, StepScatter, measure_scatter, run_scatter
 from fitness.transfer import TRANSFER_ERROR_CAP, experiment_error
-from fitness.validate import closed_loop_items, default_jobs, refit, split_terms, summarise
+from fitness.validate import ONE_DRAW, ClosedLoopSettings, closed_loop_runs, refit, same_model, split_terms, summarise
 from primitives.data.experiments import ExperimentSpec, find_experiments
 from primitives.data.traces import load_steps
 from primitives.deployment import DeploymentResolver
@@ -106,20 +106,19 @@ def validate_entry(
         raise InputError("step_time_scale/headroom", None, "only with the closed-loop validation")
     if step_scatter == RUN_SCATTER:
         step_scatter = run_scatter(entry.run_config)
+    settings = ClosedLoopSettings(seed, load_draws, step_scatter, jobs)
     experiments_dir = Path(experiments_dir)
     specs = find_experiments(experiments_dir)
     if not specs:
         raise InputError(experiments_dir, None, "no experiment directories (with exp-config.yaml) found here")
     if mode is not None:
-        return _transfer(
-            entry, experiments_dir, mode, resolver, jobs, seed, plot_dir, refit_rounds, load_draws, step_scatter
-        )
+        return _transfer(entry, experiments_dir, mode, resolver, settings, plot_dir, refit_rounds)
     expression = entry.expression if step_time_scale == 1.0 else scaled_expression(entry.expression, step_time_scale)
-    items = closed_loop_items(specs, resolver, expression, entry.overheads, seed, jobs, True, load_draws, step_scatter)
+    items = closed_loop_runs(same_model(specs, expression, entry.overheads), resolver, settings)
     what_if = "" if step_time_scale == 1.0 else f"-x{step_time_scale:g}"  # a what-if keeps the real plot
     title = f"{entry.id}: closed-loop validation" + (f", step time x{step_time_scale:g}" if what_if else "")
     plot = plot_predicted_vs_observed(items, _plot_path(entry, what_if, plot_dir), title)
-    base = blackbox_baseline(experiments_dir, resolver, seed, jobs, load_draws, step_scatter) if baseline else None
+    base = blackbox_baseline(experiments_dir, resolver, settings) if baseline else None
     result = {
         "id": entry.id,
         "expression": expression,
@@ -136,9 +135,8 @@ def validate_entry(
     if base:
         result["baseline"] = {**base, "summary": summarise(base["experiments"])}
     if headroom:
-        failed_now = [item["failure_fraction_pred"] for item in items]
-        args = (specs, resolver, expression, entry.overheads, seed, jobs, load_draws, step_scatter)
-        result["headroom"] = find_headroom(*args, failed_now=failed_now)
+        now = [item["failure_fraction_pred"] for item in items]
+        result["headroom"] = find_headroom(specs, resolver, expression, entry.overheads, settings, failed_now=now)
     return result
 
 
@@ -247,14 +245,11 @@ def transfer_items(
     folds: list[Fold],
     kind: str,
     resolver,
-    seed: int,
-    jobs,
+    settings: ClosedLoopSettings,
     bounds,
     tails: bool = True,
     rounds: int = 0,
     rerecord: Rerecord | None = None,
-    load_draws: int = 1,
-    scatter: StepScatter | None = None,
 ) -> tuple[list[dict], dict[str, dict]]:
     """Refit the terms' constants on each fold's rows (``refit_fold``), simulate its held-out experiments.
 
@@ -269,9 +264,7 @@ def transfer_items(
             raise InputError("expression", None, f"could not refit its constants without the {fold.held}")
         expression, overheads = fitted
         got = []
-        for it in closed_loop_items(
-            fold.specs, resolver, expression, overheads, seed, jobs, tails, load_draws, scatter
-        ):
+        for it in closed_loop_runs(same_model(fold.specs, expression, overheads), resolver, settings, tails):
             for shown in fold.report(it):
                 shown.setdefault(f"held_out_{kind}", fold.held)
                 shown["refit_expression"] = expression
@@ -287,32 +280,26 @@ def _transfer(
     experiments_dir: Path,
     mode: str,
     resolver,
-    jobs,
-    seed,
+    settings: ClosedLoopSettings,
     plot_dir=None,
     rounds=REFIT_ROUNDS,
-    load_draws=1,
-    scatter: StepScatter | None = None,
 ) -> dict:
     scored = scored_experiments(experiments_dir)
     kind, folds = transfer_folds(mode, scored, resolver)
     _, terms, _ = split_terms(parse_infix(entry.expression))
     names = sorted({s.name for t in terms for s in t.free_symbols}) or ["batch_size"]
-    jobs = jobs or default_jobs()
     # trajectories recorded with the entry itself; each fold's refit re-records its own (``refit_fold``),
     # with as many draws of the load as the held-out runs are compared on
-    rows = record_rows(scored, resolver, entry, names, seed, jobs, scatter, load_draws)
+    rows = record_rows(scored, resolver, entry, names, settings)
     by_name = {s.name: s for s in scored}
 
     def rerecord(expression: str, overheads: dict, training: list[str]):
         model = SimpleNamespace(expression=expression, overheads=overheads)
-        return record_rows([by_name[n] for n in training], resolver, model, names, seed, jobs, scatter, load_draws)
+        return record_rows([by_name[n] for n in training], resolver, model, names, settings)
 
     bounds = run_efficiency_bounds(entry.run_config)
     try:
-        items, per_group = transfer_items(
-            terms, rows, folds, kind, resolver, seed, jobs, bounds, True, rounds, rerecord, load_draws, scatter
-        )
+        items, per_group = transfer_items(terms, rows, folds, kind, resolver, settings, bounds, True, rounds, rerecord)
     except InputError as exc:
         raise InputError(entry.id, "expression", exc.expected) from None
     summary = summarise(items)
@@ -325,9 +312,9 @@ def _transfer(
         "expression": entry.expression,
         "mode": mode,
         "lomo": mode == "lomo",
-        "load_seed": seed,
-        "load_draws": load_draws,
-        "step_scatter": scatter.summary() if scatter is not None else None,
+        "load_seed": settings.seed,
+        "load_draws": settings.load_draws,
+        "step_scatter": settings.scatter.summary() if settings.scatter is not None else None,
         "experiments": items,
         "summary": summary,
     }
@@ -348,11 +335,8 @@ def transfer_errors(
     rows,
     scored,
     resolver,
-    seed: int,
-    jobs,
     bounds,
-    scatter: StepScatter | None = None,
-    load_draws: int = 1,
+    settings: ClosedLoopSettings = ONE_DRAW,
 ) -> dict[str, float]:
     """How the expression holds where its constants were not fitted: the three transfer checks,
     each fold refitted on ``rows``.
@@ -381,9 +365,7 @@ def transfer_errors(
         except InputError:  # one model or workload only, or no experiment with stages at different rates
             continue
         try:
-            items, _ = transfer_items(
-                terms, rows, folds, kind, resolver, seed, jobs, bounds, False, load_draws=load_draws, scatter=scatter
-            )
+            items, _ = transfer_items(terms, rows, folds, kind, resolver, settings, bounds, tails=False)
         except InputError:
             worst = dict.fromkeys(REPLAY_METRICS, np.inf)
             capped += [TRANSFER_ERROR_CAP] * sum(len(f.specs) for f in folds)
@@ -407,13 +389,10 @@ def closed_loop_check(
     limit: int,
     experiments_dir: Path,
     resolver: DeploymentResolver,
-    seed: int,
-    jobs: int,
+    settings: ClosedLoopSettings,  # the run's: seed, draws of the load (compared by their mean), step scatter
     ui,
     rows=None,
     bounds=DEFAULT_EFFICIENCY_BOUNDS,  # or EfficiencyBounds, with the run's caps
-    scatter: StepScatter | None = None,  # the run's measured step scatter
-    load_draws: int = 1,  # each experiment simulated with this many draws of its load, compared by their mean
 ) -> list:
     """Validate the most promising front entries in the closed loop; returns those checked.
 
@@ -440,7 +419,7 @@ def closed_loop_check(
     chosen = chosen[:limit]
     for e in chosen:
         ui.log(f"closed-loop check of {e.id} (complexity {e.complexity}) on {len(specs)} experiments")
-        items = closed_loop_items(specs, resolver, e.expression, e.overheads, seed, jobs, False, load_draws, scatter)
+        items = closed_loop_runs(same_model(specs, e.expression, e.overheads), resolver, settings, tails=False)
         stats = error_stats({m: [i[f"{m}_error"] for i in items] for m in REPLAY_METRICS})
         for m in REPLAY_METRICS:
             mean, worst, _ = stats[m]
@@ -459,7 +438,7 @@ def closed_loop_check(
         e.objectives["closed_loop"] = 1.0
         if rows is not None:
             ui.log(f"transfer checks of {e.id} (each workload, model and fast stage held out)")
-            transfer = transfer_errors(e.expression, rows, specs, resolver, seed, jobs, bounds, scatter, load_draws)
+            transfer = transfer_errors(e.expression, rows, specs, resolver, bounds, settings)
             e.objectives.update(transfer)
         for i in items:
             e.per_experiment.setdefault(i["name"], {}).update(

@@ -35,8 +35,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from fitness.step_scatter import StepScatter
-from fitness.validate import closed_loop_runs
+from fitness.validate import ONE_DRAW, ClosedLoopSettings, closed_loop_runs
 from primitives.data.experiments import ExperimentSpec
 from primitives.deployment import DeploymentResolver
 from primitives.language import scaled_expression
@@ -68,10 +67,7 @@ def headroom(
     resolver: DeploymentResolver,
     expression: str,
     overheads: dict,
-    seed: int = 0,
-    jobs: int | None = None,
-    load_draws: int = 1,
-    scatter: StepScatter | None = None,
+    settings: ClosedLoopSettings = ONE_DRAW,
     threshold: float = FAILED_THRESHOLD,
     failed_now: list[float] | None = None,
 ) -> dict:
@@ -81,7 +77,7 @@ def headroom(
 
     def failed(points: list[tuple[int, str, float]]) -> list[float | None]:
         runs = [(*scaled_run(specs[i], expression, knob, factor), overheads) for i, knob, factor in points]
-        items = closed_loop_runs(runs, resolver, seed, jobs, False, load_draws, scatter)
+        items = closed_loop_runs(runs, resolver, settings, tails=False)
         return [item["failure_fraction_pred"] for item in items]  # None: no request at all
 
     now = failed_now if failed_now is not None else failed([(i, KNOBS[0], 1.0) for i in range(len(specs))])

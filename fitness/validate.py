@@ -23,6 +23,7 @@ percentile of both under ``percentiles_s`` (the curves of the report).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import sympy as sp
@@ -57,12 +58,30 @@ def parallel_map(fn, tasks: list[tuple], jobs: int) -> list:
     return [fn(*t) for t in tasks]
 
 
-def per_draw(fn, runs: list[tuple], seed: int, load_draws: int, jobs: int, *after) -> tuple[list[int], list[list]]:
-    """``fn(*run, draw_seed, *after)`` for every run and each of its ``load_draws`` draws of
-    the load (seeds ``seed``, ``seed + 1``, ...), in parallel: the seeds, and per run its
-    results in seed order."""
-    seeds = list(range(seed, seed + max(1, load_draws)))
-    done = parallel_map(fn, [(*run, k, *after) for run in runs for k in seeds], jobs)
+@dataclass(frozen=True)
+class ClosedLoopSettings:
+    """How every closed-loop simulation of a check or a recording is made: ``load_draws`` draws
+    of each load (its seeds ``seed``, ``seed + 1``, ...; compared or fitted by their mean), each
+    step scattered as ``scatter`` where given, on ``jobs`` worker processes (None: the default)."""
+
+    seed: int = 0
+    load_draws: int = 1
+    scatter: StepScatter | None = None
+    jobs: int | None = None
+
+    @property
+    def seeds(self) -> list[int]:
+        return list(range(self.seed, self.seed + max(1, self.load_draws)))
+
+
+ONE_DRAW = ClosedLoopSettings()  # the default: the load's seed 0, no scatter
+
+
+def per_draw(fn, runs: list[tuple], settings: ClosedLoopSettings, *after) -> tuple[list[int], list[list]]:
+    """``fn(*run, draw_seed, *after)`` for every run and each of the settings' draws of the
+    load, in parallel: the seeds, and per run its results in seed order."""
+    seeds = settings.seeds
+    done = parallel_map(fn, [(*run, k, *after) for run in runs for k in seeds], settings.jobs or default_jobs())
     n = len(seeds)
     return seeds, [done[i * n : (i + 1) * n] for i in range(len(runs))]
 
@@ -181,35 +200,22 @@ def outcome_item(spec: ExperimentSpec, deployment, outcomes: list, seeds: list[i
     return item
 
 
-def closed_loop_items(
-    specs: list[ExperimentSpec],
-    resolver: DeploymentResolver,
-    expression: str,
-    overheads: dict,
-    seed: int = 0,
-    jobs: int | None = None,
-    tails: bool = True,
-    load_draws: int = 1,
-    scatter: StepScatter | None = None,
-) -> list[dict]:
-    runs = [(s, expression, overheads) for s in specs]
-    return closed_loop_runs(runs, resolver, seed, jobs, tails, load_draws, scatter)
+def same_model(specs: list[ExperimentSpec], expression: str, overheads: dict) -> list[tuple[ExperimentSpec, str, dict]]:
+    """The runs of :func:`closed_loop_runs` that simulate every experiment with one model."""
+    return [(s, expression, overheads) for s in specs]
 
 
 def closed_loop_runs(
     runs: list[tuple[ExperimentSpec, str, dict]],
     resolver: DeploymentResolver,
-    seed: int = 0,
-    jobs: int | None = None,
+    settings: ClosedLoopSettings = ONE_DRAW,
     tails: bool = True,
-    load_draws: int = 1,
-    scatter: StepScatter | None = None,
 ) -> list[dict]:
     """:func:`outcome_item` of every (experiment, expression, overheads), simulated in parallel
-    with ``load_draws`` draws of the load generator's randomness, arrival times and re-tokenised
-    prompt lengths (seeds ``seed``, ``seed + 1``, ...), and with the steps' ``scatter`` if given."""
+    with the settings' draws of the load generator's randomness (arrival times and re-tokenised
+    prompt lengths) and step scatter; ``tails``: percentiles too."""
     runs = [(s, resolver.resolve_experiment(s), e, o) for s, e, o in runs]
-    seeds, outcomes = per_draw(simulate_outcome, runs, seed, load_draws, jobs or default_jobs(), tails, scatter)
+    seeds, outcomes = per_draw(simulate_outcome, runs, settings, tails, settings.scatter)
     return [outcome_item(run[0], run[1], got, seeds) for run, got in zip(runs, outcomes, strict=True)]
 
 

@@ -14,6 +14,7 @@ from evolve.validation_view import print_validation
 from fitness.headroom import FACTOR_RANGE, FAILED_THRESHOLD, ROUNDS, factor_text, headroom, scaled_run
 from fitness.sim.engine import simulate
 from fitness.sim.models import ExpressionLatencyModel
+from fitness.validate import ClosedLoopSettings
 from primitives.data.experiments import find_experiments, load_experiment
 from primitives.deployment import default_resolver
 
@@ -37,7 +38,7 @@ def experiments(tmp_path_factory):
 @pytest.fixture(scope="module")
 def found(experiments):
     specs = find_experiments(experiments)
-    res = headroom(specs, default_resolver(), EXPR, OVERHEADS, jobs=2)
+    res = headroom(specs, default_resolver(), EXPR, OVERHEADS, ClosedLoopSettings(jobs=2))
     return {item["name"].split("-")[1]: item for item in res["experiments"]}, res
 
 
@@ -136,7 +137,7 @@ def test_cli_headroom(experiments, tmp_path, monkeypatch, capsys):
 def test_an_experiment_without_requests_has_no_headroom(experiments):
     """No request, no failed share: nothing to bisect, and the reports say so ('—'), not a margin."""
     spec = find_experiments(experiments)[:1]
-    res = headroom(spec, default_resolver(), EXPR, OVERHEADS, jobs=1, failed_now=[None])
+    res = headroom(spec, default_resolver(), EXPR, OVERHEADS, ClosedLoopSettings(jobs=1), failed_now=[None])
     (item,) = res["experiments"]
     assert item["failure_fraction_pred"] is None
     for knob in ("step_time", "load"):

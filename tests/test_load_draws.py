@@ -114,9 +114,9 @@ def test_transfer_checks_and_the_baseline_take_as_many_draws(tmp_path, monkeypat
     seen = []
     real = baseline.closed_loop_runs
 
-    def spy(runs, resolver, seed, jobs, tails, load_draws, scatter):
-        seen.append((load_draws, scatter))
-        return real(runs, resolver, seed, jobs, tails, load_draws, scatter)
+    def spy(runs, resolver, settings, tails=True):
+        seen.append((settings.load_draws, settings.scatter))
+        return real(runs, resolver, settings, tails)
 
     monkeypatch.setattr(baseline, "closed_loop_runs", spy)
     scatter = StepScatter((0.9, 1.0, 1.1), 3, "traces")  # and the same step scatter

@@ -11,6 +11,7 @@ import pytest
 from test_validate import LLAMA_7B, entry, observe, write_experiment
 
 from fitness.replay_rows import ExperimentTrajectory, mean_of_draws, rows_from
+from fitness.validate import ClosedLoopSettings
 from primitives.deployment import default_resolver
 from primitives.errors import InputError
 
@@ -76,8 +77,8 @@ def test_recordings_of_several_draws_are_the_mean_of_each_draws_recording(tmp_pa
     monkeypatch.chdir(tmp_path)
     observe(write_experiment(tmp_path, "exp-a-llama-2-7b-tp1-general", *LLAMA_7B, stages=[(3.0, 6), (6.0, 6)]))
     resolver, names = default_resolver(), ["weight_time_us", "kv_io_time_us"]
-    one = [refresh_replay_rows(tmp_path, resolver, entry(), names, s, 1) for s in (3, 4)]
-    both = refresh_replay_rows(tmp_path, resolver, entry(), names, 3, 2, load_draws=2)  # seeds 3 and 4, two jobs
+    one = [refresh_replay_rows(tmp_path, resolver, entry(), names, ClosedLoopSettings(seed=s, jobs=1)) for s in (3, 4)]
+    both = refresh_replay_rows(tmp_path, resolver, entry(), names, ClosedLoopSettings(3, 2, jobs=2))  # seeds 3, 4
     assert both.weights[0].shape[1] == sum(r.weights[0].shape[1] for r in one)
     for coef in ([1.3, 1.1], [2.0, 1.0]):
         singles = [_row_means(r, names, coef) for r in one]
@@ -87,25 +88,24 @@ def test_recordings_of_several_draws_are_the_mean_of_each_draws_recording(tmp_pa
 
 def test_the_final_check_simulates_as_many_draws(tmp_path, monkeypatch):
     import evolve.validation as ev
-    import fitness.validate as fv
     from evolve.calibration import refresh_replay_rows, scored_experiments
 
     monkeypatch.chdir(tmp_path)
     for workload in ("codegen", "general"):
         observe(write_experiment(tmp_path, f"e-llama-2-7b-tp1-{workload}", *LLAMA_7B, stages=[(2.0, 6), (4.0, 6)]))
     resolver = default_resolver()
-    rows = refresh_replay_rows(
-        tmp_path, resolver, entry(), ["weight_time_us", "kv_io_time_us", "allreduce_calls"], 0, 1
-    )
+    names = ["weight_time_us", "kv_io_time_us", "allreduce_calls"]
+    rows = refresh_replay_rows(tmp_path, resolver, entry(), names, ClosedLoopSettings(jobs=1))
     seen = []
-    real = fv.closed_loop_runs
+    real = ev.closed_loop_runs
 
-    def spy(runs, resolver, seed=0, jobs=None, tails=True, load_draws=1, scatter=None):
-        seen.append((len(runs), load_draws))
-        return real(runs, resolver, seed, jobs, tails, load_draws, scatter)
+    def spy(runs, resolver, settings, tails=True):
+        seen.append((len(runs), settings.load_draws))
+        return real(runs, resolver, settings, tails)
 
-    monkeypatch.setattr(fv, "closed_loop_runs", spy)
-    (checked,) = ev.closed_loop_check([entry()], 1, tmp_path, resolver, 0, 1, _Quiet(), rows, (1.0, 4.0), None, 2)
+    monkeypatch.setattr(ev, "closed_loop_runs", spy)
+    two = ClosedLoopSettings(load_draws=2, jobs=1)
+    (checked,) = ev.closed_loop_check([entry()], 1, tmp_path, resolver, two, _Quiet(), rows, (1.0, 4.0))
     # the closed loop of both experiments, then each transfer check's held-out runs: two draws each
     assert seen[0] == (2, 2) and len(seen) > 1 and {d for _, d in seen} == {2}
     assert checked.objectives["closed_loop"] == 1.0 and "transfer_error" in checked.objectives
@@ -153,8 +153,8 @@ def test_every_recording_of_a_run_averages_the_runs_draws(monkeypatch):
 
     seen = []
 
-    def spy(experiments_dir, resolver, entry, names, seed, jobs, scatter=None, load_draws=1):
-        seen.append((entry is None, seed, load_draws))
+    def spy(experiments_dir, resolver, entry, names, settings):
+        seen.append((entry is None, settings.seed, settings.load_draws))
         return SimpleNamespace(tag=len(seen))
 
     monkeypatch.setattr(cal, "refresh_replay_rows", spy)

@@ -12,7 +12,7 @@ from evolve.validation_view import plot_predicted_vs_observed
 from fitness.sim.engine import simulate
 from fitness.sim.loadgen import no_success_reason
 from fitness.sim.models import reference_model
-from fitness.validate import closed_loop_runs, summarise
+from fitness.validate import ClosedLoopSettings, closed_loop_runs, summarise
 from primitives.data.experiments import load_experiment
 from primitives.deployment import DeploymentResolver
 
@@ -46,7 +46,8 @@ def test_a_100k_token_prompt_is_blamed_on_max_model_len(tmp_path):
 
 def test_validate_reports_all_failed_and_scores_worst(tmp_path):
     spec = load_experiment(_experiment(tmp_path, exp_config=SEVENTY_B_TP1))
-    (item,) = closed_loop_runs([(spec, "weight_time_us", {})], DeploymentResolver(), jobs=1, tails=False)
+    one_job = ClosedLoopSettings(jobs=1)
+    (item,) = closed_loop_runs([(spec, "weight_time_us", {})], DeploymentResolver(), one_job, tails=False)
     assert item["successes_pred"] == 0 and item["failure_fraction_pred"] == 1.0
     assert "weights" in item["no_success"]
     assert item["e2e_error"] == float("inf")  # the worst a candidate can score

@@ -231,9 +231,9 @@ def test_the_transfer_checks_record_and_refit_with_the_scatter(tmp_path, monkeyp
         )
     seen, real = [], validation.record_rows
 
-    def spy(specs, resolver, model, names, seed, jobs, scatter=None, load_draws=1):
-        seen.append((scatter, load_draws))
-        return real(specs, resolver, model, names, seed, jobs, scatter, load_draws)
+    def spy(specs, resolver, model, names, settings):
+        seen.append((settings.scatter, settings.load_draws))
+        return real(specs, resolver, model, names, settings)
 
     monkeypatch.setattr(validation, "record_rows", spy)
     scatter = StepScatter((0.9, 1.0, 1.1), 3, "traces")

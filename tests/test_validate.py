@@ -11,12 +11,13 @@ from evolve.validation import validate_entry
 from fitness.sim.engine import simulate
 from fitness.sim.latency_model import FITTED_NON_STEP_NAMES
 from fitness.sim.models import ExpressionLatencyModel
-from fitness.validate import split_terms
+from fitness.validate import ClosedLoopSettings, split_terms
 from primitives.data.experiments import LATENCY_FILE_KEYS, load_experiment
 from primitives.deployment import default_resolver
 from primitives.language import parse_infix
 
 EXPR = "2000.0 + 1.1*weight_time_us + 1.3*kv_io_time_us + 30.0*allreduce_calls"
+ONE_JOB = ClosedLoopSettings(jobs=1)  # the closed loop in this process
 OVERHEADS = {"queueing_base_us": 8000.0}
 
 
@@ -348,10 +349,10 @@ def test_transfer_errors_refit_every_check_and_cap_runaways(tmp_path, monkeypatc
             observe(write_experiment(tmp_path, f"e-{short}-{workload}", model, tp, output_len=30, stages=stages))
     resolver = default_resolver()
     names = ["weight_time_us", "kv_io_time_us", "allreduce_calls"]
-    rows = refresh_replay_rows(tmp_path, resolver, entry(), names, 0, 1)
+    rows = refresh_replay_rows(tmp_path, resolver, entry(), names, ClosedLoopSettings(jobs=1))
     scored = scored_experiments(tmp_path)
     calls = spy_on_refits(monkeypatch)
-    got = ev.transfer_errors(EXPR, rows, scored, resolver, 0, 1, (1.0, 4.0))
+    got = ev.transfer_errors(EXPR, rows, scored, resolver, (1.0, 4.0), ONE_JOB)
     assert len(calls) == 2 + 1 + 2  # two workloads, the high-rate stages, two models
     assert set(got) == {
         "transfer_e2e_error_max",
@@ -364,21 +365,21 @@ def test_transfer_errors_refit_every_check_and_cap_runaways(tmp_path, monkeypatc
     # the law that made the observations is in the expression's span: refits without a workload
     # or a stage transfer (without a model, one deployment is left to pin three constants)
     monkeypatch.setattr(ev, "TRANSFER_MODES", ("lowo", "stage-transfer"))
-    kept = ev.transfer_errors(EXPR, rows, scored, resolver, 0, 1, (1.0, 4.0))
+    kept = ev.transfer_errors(EXPR, rows, scored, resolver, (1.0, 4.0), ONE_JOB)
     assert kept["transfer_e2e_error_max"] < 0.10 and kept["transfer_error"] < 0.10
 
     # a refit that drives its held-out runs into overload counts at the cap in the mean, not more
-    monkeypatch.setattr(ev, "closed_loop_items", _with_errors(ev.closed_loop_items, 50.0, 900.0, 2.0))
-    bad = ev.transfer_errors(EXPR, rows, scored, resolver, 0, 1, (1.0, 4.0))
+    monkeypatch.setattr(ev, "closed_loop_runs", _with_errors(ev.closed_loop_runs, 50.0, 900.0, 2.0))
+    bad = ev.transfer_errors(EXPR, rows, scored, resolver, (1.0, 4.0), ONE_JOB)
     assert bad["transfer_e2e_error_max"] == 50.0 and bad["transfer_ttft_error_max"] == 900.0
     assert bad["transfer_error"] == bad["transfer_error_worst"] == ev.TRANSFER_ERROR_CAP
 
 
-def _with_errors(closed_loop_items, e2e: float, ttft: float, itl: float):
-    """``closed_loop_items`` whose items and stages all report these signed errors."""
+def _with_errors(closed_loop_runs, e2e: float, ttft: float, itl: float):
+    """``closed_loop_runs`` whose items and stages all report these signed errors."""
 
     def items(*args, **kwargs):
-        got = closed_loop_items(*args, **kwargs)
+        got = closed_loop_runs(*args, **kwargs)
         for it in got:
             for part in [it, *it["stages"]]:
                 part.update(e2e_error=e2e, ttft_error=ttft, itl_error=itl)
@@ -396,11 +397,10 @@ def test_ttft_counts_at_its_looser_tolerance_in_the_transfer_error(tmp_path, mon
         for rate, workload in [(1.0, "codegen"), (3.0, "general")]:
             observe(write_experiment(tmp_path, f"e-{short}-{workload}", model, tp, rate=rate, duration=6))
     resolver = default_resolver()
-    rows = refresh_replay_rows(
-        tmp_path, resolver, entry(), ["weight_time_us", "kv_io_time_us", "allreduce_calls"], 0, 1
-    )
-    monkeypatch.setattr(ev, "closed_loop_items", _with_errors(ev.closed_loop_items, 0.02, -0.30, 0.01))
-    got = ev.transfer_errors(EXPR, rows, scored_experiments(tmp_path), resolver, 0, 1, (1.0, 4.0))
+    names = ["weight_time_us", "kv_io_time_us", "allreduce_calls"]
+    rows = refresh_replay_rows(tmp_path, resolver, entry(), names, ONE_JOB)
+    monkeypatch.setattr(ev, "closed_loop_runs", _with_errors(ev.closed_loop_runs, 0.02, -0.30, 0.01))
+    got = ev.transfer_errors(EXPR, rows, scored_experiments(tmp_path), resolver, (1.0, 4.0), ONE_JOB)
     assert got["transfer_error"] == got["transfer_error_worst"] == pytest.approx(0.30 / 1.5)
     assert got["transfer_ttft_error_max"] == pytest.approx(0.30)
 

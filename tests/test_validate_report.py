@@ -22,6 +22,7 @@ from evolve.html_report import write_report
 from evolve.validation import validate_entry
 from evolve.validation_view import print_validation
 from fitness.ranking import ranking, ranking_check
+from fitness.validate import ClosedLoopSettings
 from primitives.deployment import default_resolver
 
 STATS = ("mean", "p50", "p90", "p99")
@@ -127,7 +128,7 @@ def test_blackbox_baseline_fits_each_model_apart(tmp_path):
         for rate, workload in [(1.0, "codegen"), (4.0, "general")]:
             name = f"x-{model.split('/')[1].lower()}-tp{tp}-{workload}"
             observe(write_experiment(tmp_path, name, model, tp, rate=rate, duration=8), law)
-    base = blackbox_baseline(tmp_path, default_resolver(), jobs=1)
+    base = blackbox_baseline(tmp_path, default_resolver(), ClosedLoopSettings(jobs=1))
     assert len({v["expression"] for v in base["models"].values()}) == 2
     assert len(base["experiments"]) == 4
     for m in ("e2e", "itl"):
