@@ -18,7 +18,13 @@ from datetime import datetime, timezone
 from html import escape
 from pathlib import Path
 
-from evolve.validation_view import LABELS, experiment_label, predicted_vs_observed_figure, scatter_note
+from evolve.validation_view import (
+    LABELS,
+    experiment_label,
+    predicted_vs_observed_figure,
+    scatter_note,
+    stage_label,
+)
 from fitness.headroom import COLUMNS as HEADROOM_COLUMNS
 from fitness.headroom import KNOBS, factor_text
 from fitness.headroom import title as headroom_title
@@ -114,7 +120,7 @@ def error_rows(items: list[dict], stages: bool) -> list[list[str]]:
     for it in items:
         rows.append([escape(experiment_label(it))] + [_error_cell(it, m, s) for m, s in ERROR_COLUMNS] + [_fail(it)])
         for st in it.get("stages", []) if stages and len(it.get("stages", [])) > 1 else []:
-            label = f"&nbsp;&nbsp;stage {st['stage']} ({st['rate_per_s']:g} req/s)"
+            label = f"&nbsp;&nbsp;{stage_label(st['rate_per_s'], st['stage'])}"
             rows.append([label] + [_error_cell(st, m, s) for m, s in ERROR_COLUMNS] + [_fail(st)])
     return rows
 
@@ -172,7 +178,7 @@ def curves_figure(item: dict):
     fig, axes = plt.subplots(1, len(CURVE_METRICS), figsize=(12, 3.6))
     stages = item.get("stages", []) if len(item.get("stages", [])) > 1 else []
     scopes = [("whole run", item, "black")] + [
-        (f"stage {st['stage']} ({st['rate_per_s']:g} req/s)", st, colour)
+        (stage_label(st["rate_per_s"], st["stage"]), st, colour)
         for st, colour in zip(stages, ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple"], strict=False)
     ]
     for ax, m in zip(axes, CURVE_METRICS, strict=True):

@@ -50,10 +50,17 @@ def experiment_label(item: dict) -> str:
     no ``-hf`` or version suffix on the model (``mixtral-8x7b tp2 general``)."""
     name = _NAME_NOISE.sub("", short_experiment_name(item["name"]))
     if "held_out_stage" in item:  # stage transfer: one row per high-rate stage, named by its rate
-        rate, stage = item.get("rate_per_s"), f"stage_{item['held_out_stage']}"  # as its lifecycle file
+        rate = item.get("rate_per_s")
         several = rate is None or item.get("held_out_stages", 1) > 1  # stages at one rate: say which
-        name += (f" @{rate:g}/s" if rate is not None else "") + (f" {stage}" if several else "")
+        name += " " + stage_label(rate, item["held_out_stage"] if several else None)
     return name  # a held-out model or workload: every row is one, as the title says
+
+
+def stage_label(rate_per_s: float | None, stage: int | None) -> str:
+    """A load stage by its rate (``@20/s``) and, given ``stage``, its lifecycle file's name
+    (``stage_1``: counted from 0, so "stage 1" alone would read as the first)."""
+    rate = f"@{rate_per_s:g}/s" if rate_per_s is not None else ""
+    return " ".join(part for part in (rate, f"stage_{stage}" if stage is not None else "") if part)
 
 
 def fmt_error(value: float | None) -> str:

@@ -261,6 +261,8 @@ def test_html_report_opens_in_a_browser_with_every_image(validated, tmp_path):
     scored = [re.findall(r"<td class='(\w+)'", r) for r in rows if "<td>—</td>" not in r]  # withheld: no errors
     assert scored and all(cells[9] == "info" and "info" not in cells[:9] + cells[10:] for cells in scored)
     assert "ITL p50 is uncoloured" in html
+    # a stage's row says its rate and its lifecycle file, counted from 0 ("stage 1" read as the first)
+    assert "&nbsp;&nbsp;@1/s stage_0</td>" in html and "&nbsp;&nbsp;@3/s stage_1</td>" in html
     # the kernel floor on every catalog deployment the export ships the model for
     floor = html.split("Step time over the measured kernels")[1].split("</table>")[0]
     assert all(f"<td class=name>{m}</td>" in floor for m in ("Llama-2-7b-hf", "Mixtral-8x7B-v0.1"))
