@@ -23,6 +23,12 @@ Then how bursty the arrivals at the server are: per stage, the variance over the
 new prefills per step, on the steps with nobody waiting (the tracer counts a new request in
 two steps, its prompt and its first decode, and the simulated count does the same; Poisson
 arrivals give 1); and how many requests wait on the steps where some do.
+
+Last, how far and for how long the requests present (holding a slot or waiting) wander: their
+99th percentile over the stage's steps, and the correlation of the count with itself
+``MEMORY_LAG_S`` later (pairs of steps that far apart, within ``MEMORY_TOLERANCE``). Near
+``max_num_seqs`` a queue that lasts longer and reaches higher waits longer at the same mean.
+A trace's steps are a sample; both figures are unbiased by which steps it kept.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ SCALE_MATCH = 0.01  # a scaled row further than this from the trace's cycle time
 SCALE_LIMITS = (0.25, 4.0)
 STAGE_IDLE_S = 0.5  # an idle gap this long after a stage's duration is the next stage's start (interval: 1 s)
 LOCAL_PAIRS = 50  # the sampled pairs before a gap whose median cycle prices its steps
+MEMORY_LAG_S = 8.0  # longer than a request's 5-6 s in its slot at the knees: what lasts beyond it
+MEMORY_TOLERANCE = 0.15  # a pair counts when its steps are MEMORY_LAG_S apart within this share
 
 
 def short(experiment: str) -> str:
@@ -76,6 +84,24 @@ class StepSeries:
     running: np.ndarray | None
     waiting: np.ndarray | None
     prefills: np.ndarray | None = None
+
+
+def lagged_correlation(start_s: np.ndarray, values: np.ndarray, lag_s: float) -> float:
+    """Pearson correlation of VALUES with themselves LAG_S later: each step paired with the step
+    that starts nearest to LAG_S after it, where that is within ``MEMORY_TOLERANCE`` of LAG_S
+    (START_S ascending; the same lag whether every step is known or a sample). NaN with under
+    10 pairs or no spread."""
+    ok = np.isfinite(values)
+    t, v = start_s[ok], values[ok]
+    if len(t) < 2:
+        return float("nan")
+    after = np.clip(np.searchsorted(t, t + lag_s), 1, len(t) - 1)
+    j = np.where(np.abs(t[after - 1] - t - lag_s) <= np.abs(t[after] - t - lag_s), after - 1, after)
+    paired = np.abs(t[j] - t - lag_s) <= MEMORY_TOLERANCE * lag_s
+    a, b = v[paired], v[j[paired]]
+    if len(a) < 10 or a.std() == 0 or b.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(a, b)[0, 1])
 
 
 def share(values: np.ndarray | None, test) -> float:
@@ -123,14 +149,20 @@ def stage_stats(steps: StepSeries, lo_s: float, hi_s: float, max_running: int) -
     """Over the steps that start in [LO_S, HI_S): the mean cycle (ms, every step between
     the first and the last, sampled or not), the running requests' mean and sd, the share
     of steps with all MAX_RUNNING slots held and with requests waiting, how many wait on
-    those steps (``queued``), and the prefills' ``dispersion``; None with under 3."""
+    those steps (``queued``), the prefills' ``dispersion``, and the requests present (running
+    and waiting): their 99th percentile and ``lagged_correlation`` at ``MEMORY_LAG_S``; None
+    with under 3."""
     k = np.flatnonzero((steps.start_s >= lo_s) & (steps.start_s < hi_s))
     if len(k) < 3:
         return None
     running, waiting = (v[k] if v is not None else None for v in (steps.running, steps.waiting))
     known = running[np.isfinite(running)] if running is not None else np.zeros(0)
     queued = waiting[waiting > 0] if waiting is not None else np.zeros(0)
+    present = running + waiting if running is not None and waiting is not None else np.zeros(0)
+    counted = present[np.isfinite(present)]
     return {
+        "present_p99": float(np.percentile(counted, 99)) if len(counted) else float("nan"),
+        "memory": lagged_correlation(steps.start_s[k], present, MEMORY_LAG_S) if len(counted) else float("nan"),
         "dispersion": dispersion(steps.prefills[k], waiting) if steps.prefills is not None else float("nan"),
         "cycle_ms": id_rate_cycle_us(steps.start_s, steps.step_id, k) / 1e3,
         "running": float(known.mean()) if len(known) else float("nan"),
@@ -269,6 +301,14 @@ def queue_row(stage: str, label: str, stats: dict | None, ttft_ms: float, below:
     ).rstrip()
 
 
+def below(draws: list[SimulatedStage], real: dict | None, key: str) -> str:
+    """How many DRAWS have the figure KEY under the REAL run's ('' where either has none)."""
+    value = real[key] if real is not None else float("nan")
+    got = np.array([d.stats[key] for d in draws if d.stats is not None], dtype=np.float64)
+    got = got[np.isfinite(got)]
+    return f"{int((got < value).sum())}/{len(got)}" if len(got) and np.isfinite(value) else ""
+
+
 def draws_row(label: str, draws: list[SimulatedStage], observed_ms: float) -> str:
     """A simulated row: the draws' mean figures."""
     ttft = np.array([d.ttft_ms for d in draws])
@@ -278,7 +318,9 @@ def draws_row(label: str, draws: list[SimulatedStage], observed_ms: float) -> st
     return queue_row("", label, mean_stats([d.stats for d in draws]), mean_ttft, below)
 
 
-def scaled_row(spec, deployment, entry, draws: int, scatter, i: int, target_ms: float, model, observed_ms) -> str:
+def scaled_row(
+    spec, deployment, entry, draws: int, scatter, i: int, target_ms: float, model, observed_ms
+) -> tuple[str, list[SimulatedStage]]:
     """The row of the model scaled until stage I's simulated cycle time is TARGET_MS: secant
     rounds on the logs (a slower step holds more requests, which slows it again), the
     factor within SCALE_LIMITS; where they do not get within SCALE_MATCH, says so."""
@@ -301,8 +343,8 @@ def scaled_row(spec, deployment, entry, draws: int, scatter, i: int, target_ms: 
             elasticity = float(np.clip(slope, 0.5, 5.0))
     if stats is None or abs(stats["cycle_ms"] / target_ms - 1) > SCALE_MATCH:
         got = f"{stats['cycle_ms']:.2f} ms" if stats is not None else "no steps"
-        return f"{'':<20} {'scaled':<7} no fit: x{factor:.3g} gives {got}"
-    return draws_row(f"x{factor:.3f}", scaled, observed_ms)
+        return f"{'':<20} {'scaled':<7} no fit: x{factor:.3g} gives {got}", []
+    return draws_row(f"x{factor:.3f}", scaled, observed_ms), scaled
 
 
 def queue_by_stage(data, specs: dict, resolver, entry, draws: int, scatter) -> list[str]:
@@ -320,6 +362,13 @@ def queue_by_stage(data, specs: dict, resolver, entry, draws: int, scatter) -> l
         "queued: the requests waiting, on the steps where some wait (mean)",
         f"{'':<20} {'arrivals':^15} {'queued':^15}".rstrip(),
         f"{'experiment, stage':<20} {'real':>7} {'model':>7} {'real':>7} {'model':>7}",
+    ]
+    wander = [
+        "the requests present (holding a slot or waiting): their 99th percentile, and",
+        f"their correlation with the count {MEMORY_LAG_S:g} s later (scaled: the model at the",
+        "trace's cycle time; below: scaled draws whose correlation is under the real)",
+        f"{'':<20} {'p99':^23} {f'{MEMORY_LAG_S:g} s later':^23}".rstrip(),
+        f"{'experiment, stage':<20}" + f" {'real':>7} {'model':>7} {'scaled':>7}" * 2 + f" {'below':>5}",
     ]
     for name in sorted(data.steps["experiment"].unique()):
         spec = specs.get(name)
@@ -350,15 +399,22 @@ def queue_by_stage(data, specs: dict, resolver, entry, draws: int, scatter) -> l
             model = [run.stages[i] for run in runs]
             out.append(queue_row(f"  {i + 1}  {rate:g} req/s", "real", real_stats, observed_ms))
             out.append(draws_row("model", model, observed_ms))
+            scaled: list[SimulatedStage] = []
+            target_ms = real_stats["cycle_ms"] if real_stats is not None else float("nan")
+            if np.isfinite(target_ms) and target_ms > 0:
+                line, scaled = scaled_row(spec, dep, entry, draws, scatter, i, target_ms, model, observed_ms)
+                out.append(line)
             if i == 0:
                 bursts.append(short(name))
-            simulated = mean_stats([d.stats for d in model])
-            cells = [
-                cell(st[key] if st is not None else float("nan"), 7, form)
-                for key, form in (("dispersion", ".3f"), ("queued", ".2f"))
-                for st in (real_stats, simulated)
-            ]
-            bursts.append(f"{f'  {i + 1}  {rate:g} req/s':<20} " + " ".join(cells))
-            if real_stats is not None and np.isfinite(real_stats["cycle_ms"]) and real_stats["cycle_ms"] > 0:
-                out.append(scaled_row(spec, dep, entry, draws, scatter, i, real_stats["cycle_ms"], model, observed_ms))
-    return out + [""] + bursts if len(bursts) > 4 else out
+                wander.append(short(name))
+            simulated, at_cycle = mean_stats([d.stats for d in model]), mean_stats([d.stats for d in scaled])
+            for lines, columns, rows in (
+                (bursts, (("dispersion", ".3f"), ("queued", ".2f")), (real_stats, simulated)),
+                (wander, (("present_p99", ".1f"), ("memory", ".3f")), (real_stats, simulated, at_cycle)),
+            ):
+                cells = [
+                    cell(st[key] if st is not None else float("nan"), 7, form) for key, form in columns for st in rows
+                ]
+                lines.append(f"{f'  {i + 1}  {rate:g} req/s':<20} " + " ".join(cells))
+            wander[-1] += f" {below(scaled, real_stats, 'memory'):>5}"
+    return out + [""] + bursts + [""] + wander if len(bursts) > 4 else out

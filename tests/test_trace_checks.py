@@ -263,6 +263,29 @@ def test_stage_stats_over_a_window():
     assert max(len(line), len(tq.queue_row("x" * 20, "x1.000", got, 1e4, "10/10"))) <= 80
 
 
+def test_how_long_the_requests_present_stay_alike():
+    tq = _trace_queue()
+    t = np.arange(0.0, 2000.0, 0.05)
+    wave = np.sin(2 * np.pi * t / 16.0)  # 16 s period: opposite 8 s later, the same 16 s later
+    assert tq.lagged_correlation(t, wave, 8.0) == pytest.approx(-1.0, abs=1e-3)
+    assert tq.lagged_correlation(t, wave, 16.0) == pytest.approx(1.0, abs=1e-3)
+    # a 10% sample of the steps pairs at the same lag, not at the first step past the tolerance
+    rng = np.random.default_rng(0)
+    kept = np.sort(rng.choice(len(t), len(t) // 10, replace=False))
+    assert tq.lagged_correlation(t[kept], wave[kept], 8.0) == pytest.approx(-1.0, abs=0.03)
+    assert abs(tq.lagged_correlation(t, rng.normal(size=len(t)), 8.0)) < 0.03  # no memory
+    assert np.isnan(tq.lagged_correlation(t[:50], wave[:50], 8.0))  # 2.5 s: no pair 8 s apart
+    assert np.isnan(tq.lagged_correlation(t, np.ones(len(t)), 8.0))  # no spread
+    steps = tq.StepSeries(t, np.arange(len(t), dtype=float), 100.0 + 10 * wave, np.where(wave > 0.9, 5.0, 0.0))
+    got = tq.stage_stats(steps, 0.0, 2000.0, 128)
+    assert got["present_p99"] == pytest.approx(115.0, abs=0.01) and got["memory"] < -0.9  # waiting counts too
+    draws = [tq.SimulatedStage({"memory": m}, 1.0, (0.0, 1.0)) for m in (0.1, 0.2, np.nan)] + [
+        tq.SimulatedStage(None, 1.0, (0.0, 1.0))
+    ]
+    assert tq.below(draws, {"memory": 0.15}, "memory") == "1/2"  # a draw without the figure is left out
+    assert tq.below(draws, None, "memory") == ""
+
+
 def test_dispersion_of_the_prefills_on_the_steps_with_nobody_waiting():
     tq = _trace_queue()
     rng = np.random.default_rng(0)
