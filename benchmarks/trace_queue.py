@@ -318,12 +318,13 @@ def draws_row(label: str, draws: list[SimulatedStage], observed_ms: float) -> st
     return queue_row("", label, mean_stats([d.stats for d in draws]), mean_ttft, below)
 
 
-def scaled_row(
-    spec, deployment, entry, draws: int, scatter, i: int, target_ms: float, model, observed_ms
-) -> tuple[str, list[SimulatedStage]]:
-    """The row of the model scaled until stage I's simulated cycle time is TARGET_MS: secant
-    rounds on the logs (a slower step holds more requests, which slows it again), the
-    factor within SCALE_LIMITS; where they do not get within SCALE_MATCH, says so."""
+def match_cycle(
+    spec, deployment, entry, draws: int, scatter, i: int, target_ms: float, model: list[SimulatedStage]
+) -> tuple[float, list[SimulatedStage], dict | None]:
+    """The factor on the model's step time that puts stage I's simulated cycle time on
+    TARGET_MS (``MODEL``: the draws at factor 1): secant rounds on the logs (a slower step
+    holds more requests, which slows it again), within SCALE_LIMITS. Returns the factor, its
+    draws and their mean figures."""
     factor, scaled, elasticity = 1.0, model, 1.0
     stats = mean_stats([d.stats for d in model])
     for _ in range(SCALE_ROUNDS):
@@ -341,6 +342,15 @@ def scaled_row(
         if stats is not None and stats["cycle_ms"] > 0 and factor != previous[0] and stats["cycle_ms"] != previous[1]:
             slope = np.log(stats["cycle_ms"] / previous[1]) / np.log(factor / previous[0])
             elasticity = float(np.clip(slope, 0.5, 5.0))
+    return factor, scaled, stats
+
+
+def scaled_row(
+    spec, deployment, entry, draws: int, scatter, i: int, target_ms: float, model, observed_ms
+) -> tuple[str, list[SimulatedStage]]:
+    """The row of the model scaled until stage I's simulated cycle time is TARGET_MS
+    (``match_cycle``); where it does not get within SCALE_MATCH, says so."""
+    factor, scaled, stats = match_cycle(spec, deployment, entry, draws, scatter, i, target_ms, model)
     if stats is None or abs(stats["cycle_ms"] / target_ms - 1) > SCALE_MATCH:
         got = f"{stats['cycle_ms']:.2f} ms" if stats is not None else "no steps"
         return f"{'':<20} {'scaled':<7} no fit: x{factor:.3g} gives {got}", []

@@ -1,0 +1,204 @@
+"""What would make the simulated queue at a knee as long as the real one: the model at the
+trace's cycle time with its steps disturbed, and what the trace says of those disturbances.
+
+At a load stage where the batch fills its ``max_num_seqs`` slots (a knee), the simulator at
+the trace's own cycle time queues less than the real server (``trace_checks.py``, check 3).
+Two disturbances lengthen a queue without changing the mean cycle time:
+
+* **stalls**: now and then a step takes ``STALL_S`` longer. Every step's time is scaled by
+  ``(1 + m * stalled) / (1 + p * m)``, mean 1, where ``m`` is the stall over the stage's
+  cycle and ``p`` the chance of a stall per step, set by the share of time stalled;
+* **drift**: every step's time scaled by ``1 + x``, ``x`` a first-order autoregressive series
+  of standard deviation ``sd`` whose correlation lasts ``tau`` seconds (in steps at the
+  stage's cycle).
+
+Each what-if row: the stage's mean TTFT over the draws (their range), the requests present's
+correlation with the count 8 s later (``trace_queue.lagged_correlation``), and the cycle.
+
+The trace's side, with the model's price of every sampled step: the largest excess of the
+time between two sampled steps over the price of the steps between them (a stall shows whole
+there, whichever steps were sampled), and the spread of real over priced time in 5 and 10 s
+windows (drift shows there, with the model's own errors added).
+
+Usage::
+
+    python benchmarks/knee_whatif.py --run-dir D --id ID [--draws N] [--shared DIR]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # trace_queue.py
+
+from trace_queue import (  # noqa: E402
+    QUEUE_SKIP_S,
+    match_cycle,
+    mean_stats,
+    short,
+    simulate_stages,
+    stage_stats,
+    trace_series,
+    trace_stage_starts_s,
+)
+
+from archive.rundir import RunDir  # noqa: E402
+from archive.store import ArchiveStore  # noqa: E402
+from evolve.cli_parser import OneLineParser, load_draws_arg  # noqa: E402
+from fitness.dataset import build_step_table  # noqa: E402
+from fitness.kv_sharing import run_seed, trace_kv_sharing  # noqa: E402
+from primitives.data.experiments import find_experiments  # noqa: E402
+from primitives.data.roots import shared_data_root  # noqa: E402
+from primitives.data.traces import load_steps  # noqa: E402
+from primitives.deployment import default_resolver  # noqa: E402
+from primitives.errors import InputError  # noqa: E402
+from primitives.language import evaluate_expr, parse_infix, scaled_expression  # noqa: E402
+
+DRAWS = 6
+WHATIF_SEED = 7  # the disturbances' own randomness, apart from the load's
+SCALES = 1 << 18  # step multipliers per run: more steps than a 1,200 s run takes at 5 ms
+STALLS = ((0.1, 0.01), (0.44, 0.01), (0.44, 0.02))  # (stall s, share of time stalled)
+DRIFTS = ((0.01, 10.0), (0.02, 10.0))  # (sd, correlation time s)
+WINDOWS_S = (5.0, 10.0)
+
+
+class Stalls:
+    """Step multipliers with a stall of MULTIPLE steps' time at a chance per step that stalls
+    SHARE of the time; mean 1."""
+
+    def __init__(self, multiple: float, share: float):
+        self.multiple, self.chance = multiple, share / (multiple * (1.0 - share))
+
+    def scales(self, seed: int, n: int = SCALES) -> np.ndarray:
+        stalled = np.random.default_rng([WHATIF_SEED, seed]).random(n) < self.chance
+        return (1.0 + self.multiple * stalled) / (1.0 + self.chance * self.multiple)
+
+
+class Drift:
+    """Step multipliers 1 + x, x autoregressive with standard deviation SD and correlation
+    time TAU_STEPS; mean 1 (clipped at 0.5, far beyond any SD used here)."""
+
+    def __init__(self, sd: float, tau_steps: float):
+        self.sd, self.keep = sd, float(np.exp(-1.0 / max(tau_steps, 1e-9)))
+
+    def scales(self, seed: int, n: int = SCALES) -> np.ndarray:
+        from scipy.signal import lfilter
+
+        shocks = np.random.default_rng([WHATIF_SEED, seed]).normal(size=n) * self.sd * np.sqrt(1 - self.keep**2)
+        drift = lfilter([1.0], [1.0, -self.keep], shocks)
+        return np.clip(1.0 + drift, 0.5, None)
+
+
+def knee_stage(real, starts_s: list[float], spec) -> int | None:
+    """The stage whose real steps most often hold every slot (None: no stage ever fills them)."""
+    full = []
+    for i, (_, duration_s) in enumerate(spec.stages):
+        stats = stage_stats(real, starts_s[i] + QUEUE_SKIP_S, starts_s[i] + duration_s, spec.max_num_seqs)
+        full.append(stats["full"] if stats is not None and np.isfinite(stats["full"]) else 0.0)
+    return int(np.argmax(full)) if max(full, default=0.0) > 0 else None
+
+
+def interval_excess(start_s, step_id, priced_s, lo_s: float, hi_s: float) -> tuple[float, dict[float, float]]:
+    """Between consecutive sampled steps in [LO_S, HI_S): the largest time beyond the price of
+    the steps between them (each priced at the mean of its two ends'), in s; and per window of
+    ``WINDOWS_S`` the standard deviation of real over priced time, relative to its median."""
+    dt, steps = np.diff(start_s), np.diff(step_id)
+    priced = steps * 0.5 * (priced_s[:-1] + priced_s[1:])
+    inside = (start_s[:-1] >= lo_s) & (start_s[1:] < hi_s) & np.isfinite(priced)
+    largest = float((dt - priced)[inside].max()) if inside.any() else float("nan")
+    spread = {}
+    for width in WINDOWS_S:
+        ratios = []
+        for a in np.arange(lo_s, hi_s - width, width):
+            k = inside & (start_s[:-1] >= a) & (start_s[1:] < a + width)
+            if k.sum() >= 3:
+                ratios.append(dt[k].sum() / priced[k].sum())
+        spread[width] = float(np.std(ratios) / np.median(ratios)) if len(ratios) >= 3 else float("nan")
+    return largest, spread
+
+
+def whatif_lines(spec, dep, entry, draws: int, i: int, cycle_ms: float, observed_ms: float) -> list[str]:
+    """The what-if table of stage I: the model at CYCLE_MS, alone and disturbed."""
+    model = [simulate_stages(spec, dep, entry.expression, entry.overheads, s, None).stages[i] for s in range(draws)]
+    factor, at_cycle, _ = match_cycle(spec, dep, entry, draws, None, i, cycle_ms, model)
+    expression = scaled_expression(entry.expression, factor)
+    steps_per_s = 1e3 / cycle_ms
+    cases = [("as modelled", None)]
+    cases += [(f"stalls {s:g} s, {share:.0%} of time", Stalls(s * steps_per_s, share)) for s, share in STALLS]
+    cases += [(f"drift sd {sd:.0%}, {tau:g} s", Drift(sd, tau * steps_per_s)) for sd, tau in DRIFTS]
+    lines = [
+        f"  the model at the trace's cycle time (x{factor:.3f}), {draws} draws; real TTFT {observed_ms:.1f} ms",
+        f"  {'what if':<28} {'TTFT ms':>8} {'draws':>11} {'8 s later':>9} {'cycle ms':>8}",
+    ]
+    for label, disturbance in cases:
+        got = (
+            at_cycle
+            if disturbance is None
+            else [
+                simulate_stages(spec, dep, expression, entry.overheads, s, disturbance).stages[i] for s in range(draws)
+            ]
+        )
+        ttft = np.array([d.ttft_ms for d in got])
+        stats = mean_stats([d.stats for d in got]) or {"memory": float("nan"), "cycle_ms": float("nan")}
+        spread = f"{np.nanmin(ttft):.0f}-{np.nanmax(ttft):.0f}"
+        lines.append(
+            f"  {label:<28} {np.nanmean(ttft):8.1f} {spread:>11} {stats['memory']:9.3f} {stats['cycle_ms']:8.2f}"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = OneLineParser(prog="python benchmarks/knee_whatif.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--shared", type=Path, default=shared_data_root(), help="the shared folder (default ../shared)")
+    ap.add_argument("--run-dir", type=Path, required=True, help="run directory of the archived model")
+    ap.add_argument("--id", required=True, help="archive entry id (or prefix)")
+    ap.add_argument("--draws", type=load_draws_arg, default=DRAWS, help=f"draws of the load (default {DRAWS})")
+    args = ap.parse_args(argv)
+    experiments = args.shared / "data" / "experiments"
+    try:
+        archive = RunDir(args.run_dir).archive
+        if not archive.is_file():
+            raise InputError(archive, None, "no archive there (--run-dir)")
+        with ArchiveStore(archive, create=False, read_only=True) as store:
+            entry = store.get(args.id)
+        data = load_steps([args.shared / "data" / "steps"])
+        resolver = default_resolver()
+        specs = {s.name: s for s in find_experiments(experiments)}
+        sharing = trace_kv_sharing(data, experiments, resolver, run_seed(entry.run_config))
+        table = build_step_table(data, resolver, validation_fraction=0, kv_sharing=sharing, every_step=True)
+    except InputError as err:
+        print(err, file=sys.stderr)
+        return 2
+    priced_s = np.asarray(evaluate_expr(parse_infix(entry.expression), table.columns), dtype=np.float64) / 1e6
+    for name in sorted(data.steps["experiment"].unique()):
+        spec = specs.get(name)
+        trace = data.steps.loc[data.steps["experiment"] == name]
+        real = trace_series(trace)
+        starts_s = trace_stage_starts_s(real, [d for _, d in spec.stages]) if spec is not None else None
+        i = knee_stage(real, starts_s, spec) if starts_s is not None else None
+        if i is None:
+            print(f"{short(name)}: no stage fills its slots (or no experiment folder): no knee\n")
+            continue
+        rate, duration_s = spec.stages[i]
+        lo_s, hi_s = starts_s[i] + QUEUE_SKIP_S, starts_s[i] + duration_s
+        cycle_ms = stage_stats(real, lo_s, hi_s, spec.max_num_seqs)["cycle_ms"]
+        largest_s, spread = interval_excess(
+            real.start_s, real.step_id, priced_s[(data.steps["experiment"] == name).to_numpy()], lo_s, hi_s
+        )
+        observed = spec.observed.stages[i].ttft_mean_s * 1e3 if spec.observed else float("nan")
+        print(f"{short(name)}, stage {i + 1} at {rate:g} req/s, from {QUEUE_SKIP_S:.0f} s in")
+        windows = ", ".join(f"{w:g} s {100 * v:.2f}%" for w, v in spread.items())
+        print(f"  trace: largest time between sampled steps beyond {entry.id}'s price {1e3 * largest_s:.0f} ms;")
+        print(f"  real over priced time, sd over windows of {windows}")
+        dep = resolver.resolve_experiment(spec)
+        print("\n".join(whatif_lines(spec, dep, entry, args.draws, i, cycle_ms, observed)))
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
