@@ -212,9 +212,11 @@ def scatter_note(result: dict) -> str:
 
 
 def print_validation(console, result: dict, title: str) -> None:
-    """Every table of a validation (the per-held-out-group summaries too) and the plot's path."""
-    console.print(means_table(result, f"{title}: means, predicted / observed"))
-    console.print(errors_table(result, f"{title}: errors in % (pred / obs - 1)"))
+    """Every table of a validation (the per-held-out-group summaries too) and the plot's path,
+    under TITLE as a line of its own (in a table's title it wrapped at 80 columns)."""
+    console.print(title, style="bold", markup=False, highlight=False)
+    console.print(means_table(result, "Means: predicted / observed"))
+    console.print(errors_table(result, "Signed errors in % (pred / obs - 1)"))
     if any(it.get(f"{m}_mean_obs_s") is None for it in result.get("experiments", []) for m, _, _ in MEAN_UNITS):
         console.print("—: nothing observed to compare (the experiment's results are withheld or absent)")
     if result.get("ranking"):
