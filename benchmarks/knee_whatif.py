@@ -35,6 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # trace_queue.py
 
+from trace_model import archived_entry, model_parser, trace_prices_us  # noqa: E402
 from trace_queue import (  # noqa: E402
     QUEUE_SKIP_S,
     match_cycle,
@@ -46,17 +47,11 @@ from trace_queue import (  # noqa: E402
     trace_stage_starts_s,
 )
 
-from archive.rundir import RunDir  # noqa: E402
-from archive.store import ArchiveStore  # noqa: E402
-from evolve.cli_parser import OneLineParser, load_draws_arg  # noqa: E402
-from fitness.dataset import build_step_table  # noqa: E402
-from fitness.kv_sharing import run_seed, trace_kv_sharing  # noqa: E402
 from primitives.data.experiments import find_experiments  # noqa: E402
-from primitives.data.roots import shared_data_root  # noqa: E402
 from primitives.data.traces import load_steps  # noqa: E402
 from primitives.deployment import default_resolver  # noqa: E402
 from primitives.errors import InputError  # noqa: E402
-from primitives.language import evaluate_expr, parse_infix, scaled_expression  # noqa: E402
+from primitives.language import scaled_expression  # noqa: E402
 
 DRAWS = 6
 WHATIF_SEED = 7  # the disturbances' own randomness, apart from the load's
@@ -152,28 +147,17 @@ def whatif_lines(spec, dep, entry, draws: int, i: int, cycle_ms: float, observed
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = OneLineParser(prog="python benchmarks/knee_whatif.py", description=__doc__.splitlines()[0])
-    ap.add_argument("--shared", type=Path, default=shared_data_root(), help="the shared folder (default ../shared)")
-    ap.add_argument("--run-dir", type=Path, required=True, help="run directory of the archived model")
-    ap.add_argument("--id", required=True, help="archive entry id (or prefix)")
-    ap.add_argument("--draws", type=load_draws_arg, default=DRAWS, help=f"draws of the load (default {DRAWS})")
-    args = ap.parse_args(argv)
+    args = model_parser("knee_whatif.py", __doc__, DRAWS).parse_args(argv)
     experiments = args.shared / "data" / "experiments"
     try:
-        archive = RunDir(args.run_dir).archive
-        if not archive.is_file():
-            raise InputError(archive, None, "no archive there (--run-dir)")
-        with ArchiveStore(archive, create=False, read_only=True) as store:
-            entry = store.get(args.id)
+        entry = archived_entry(args.run_dir, args.id)
         data = load_steps([args.shared / "data" / "steps"])
         resolver = default_resolver()
         specs = {s.name: s for s in find_experiments(experiments)}
-        sharing = trace_kv_sharing(data, experiments, resolver, run_seed(entry.run_config))
-        table = build_step_table(data, resolver, validation_fraction=0, kv_sharing=sharing, every_step=True)
+        priced_s = trace_prices_us(data, resolver, entry, experiments) / 1e6
     except InputError as err:
         print(err, file=sys.stderr)
         return 2
-    priced_s = np.asarray(evaluate_expr(parse_infix(entry.expression), table.columns), dtype=np.float64) / 1e6
     for name in sorted(data.steps["experiment"].unique()):
         spec = specs.get(name)
         trace = data.steps.loc[data.steps["experiment"] == name]
@@ -181,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         starts_s = trace_stage_starts_s(real, [d for _, d in spec.stages]) if spec is not None else None
         i = knee_stage(real, starts_s, spec) if starts_s is not None else None
         if i is None:
-            print(f"{short(name)}: no stage fills its slots (or no experiment folder): no knee\n")
+            print(f"{short(name)}: no knee (no stage fills its slots, or no folder)\n")
             continue
         rate, duration_s = spec.stages[i]
         lo_s, hi_s = starts_s[i] + QUEUE_SKIP_S, starts_s[i] + duration_s

@@ -59,22 +59,19 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # trace_queue.py, check 3
 
+from trace_model import archived_entry, trace_prices_us  # noqa: E402
 from trace_queue import QUEUE_DRAWS, cell, id_rate_cycle_us, queue_by_stage, short  # noqa: E402
 
-from archive.rundir import RunDir  # noqa: E402
-from archive.store import ArchiveStore  # noqa: E402
 from evolve.cli_parser import OneLineParser, load_draws_arg  # noqa: E402
 from evolve.config import RunConfig  # noqa: E402
 from evolve.validation import measured_step_scatter  # noqa: E402
 from fitness.dataset import build_step_table  # noqa: E402
-from fitness.kv_sharing import run_seed, trace_kv_sharing  # noqa: E402
 from fitness.step_scatter import FEATURES, NEIGHBOURS, holdout_reference, neighbour_ratios, run_scatter  # noqa: E402
 from primitives.data.experiments import find_experiments  # noqa: E402
 from primitives.data.roots import shared_data_root  # noqa: E402
 from primitives.data.traces import load_steps  # noqa: E402
 from primitives.deployment import default_resolver  # noqa: E402
 from primitives.errors import InputError  # noqa: E402
-from primitives.language import evaluate_expr, parse_infix  # noqa: E402
 
 LARGE_PREFILL_TOKENS = 100
 STEADY_AFTER_S = 60.0  # the first seconds are compared with the windows after the first minute
@@ -145,33 +142,42 @@ def trace_clock(g):
     return (start_us - start_us.min()) / 1e6, g["step_id"].to_numpy(), busy
 
 
-def first_seconds(data, resolver, entry, kv_sharing) -> list[str]:
-    """Check 2: a line per experiment."""
-    expr = parse_infix(entry.expression)
-    names = sorted(s.name for s in expr.free_symbols)
-    table = build_step_table(data, resolver, names, 0.0, kv_sharing, every_step=True)
-    model_us = evaluate_expr(expr, table.columns, table.n)
+def first_seconds(data, entry, model_us: np.ndarray) -> list[str]:
+    """Check 2: a line per experiment (MODEL_US: the entry's price of every sampled step)."""
     head = " ".join(f"{w:>4}" for w in WINDOW_STARTS_S)
     out = [
         f"measured / {entry.id}'s step time, over the same after {STEADY_AFTER_S:.0f} s",
         f"{'experiment':<26} {head} {f'0-{SPAN_S:.0f}':>5} {f'{WINDOW_S:.0f}-{SPAN_S:.0f}':>5}",
     ]
-    for e, name in enumerate(table.experiment_names):
-        g = data.steps.loc[data.steps["experiment"] == name]  # the table keeps the data's row order
-        start_s, step_id, busy = trace_clock(g)
-        ratio = partial(window_ratio, start_s, step_id, busy, model_us[table.experiment == e])
-        steady = [ratio(lo, lo + STEADY_WINDOW_S) for lo in np.arange(STEADY_AFTER_S, start_s.max(), STEADY_WINDOW_S)]
-        steady = [r for r in steady if r is not None]
-        if not steady:
+    for name in sorted(data.steps["experiment"].unique()):
+        rows = (data.steps["experiment"] == name).to_numpy()
+        got = warm_up(data.steps.loc[rows], model_us[rows])
+        if got is None:
             out.append(f"{short(name):<26} no steady windows after {STEADY_AFTER_S:.0f} s")
             continue
-        base = float(np.median(steady))
-        windows = [ratio(lo, lo + WINDOW_S) for lo in WINDOW_STARTS_S]
-        text = " ".join(cell(w / base if w is not None else None, 4, ".2f") for w in windows)
-        spans = [ratio(lo, SPAN_S) for lo in (0.0, WINDOW_S)]
-        tail = " ".join(cell(w / base if w is not None else None, 5, ".3f") for w in spans)
+        windows, spans = got
+        text = " ".join(cell(w, 4, ".2f") for w in windows)
+        tail = " ".join(cell(w, 5, ".3f") for w in spans)
         out.append(f"{short(name):<26} {text} {tail}")
     return out
+
+
+def warm_up(g, model_us: np.ndarray) -> tuple[list[float | None], list[float | None]] | None:
+    """One trace's first seconds: per window of ``WINDOW_STARTS_S`` its measured over model
+    cycle, and the same over the spans from 0 and from ``WINDOW_S`` to ``SPAN_S``, each over
+    the median of the ``STEADY_WINDOW_S`` windows after ``STEADY_AFTER_S`` (None where a
+    window has too few steps; None without steady windows). MODEL_US: the model's price of
+    each of the trace's sampled steps G."""
+    start_s, step_id, busy = trace_clock(g)
+    ratio = partial(window_ratio, start_s, step_id, busy, model_us)
+    steady = [ratio(lo, lo + STEADY_WINDOW_S) for lo in np.arange(STEADY_AFTER_S, start_s.max(), STEADY_WINDOW_S)]
+    steady = [r for r in steady if r is not None]
+    if not steady:
+        return None
+    base = float(np.median(steady))
+    windows = [ratio(lo, lo + WINDOW_S) for lo in WINDOW_STARTS_S]
+    spans = [ratio(lo, SPAN_S) for lo in (0.0, WINDOW_S)]
+    return [w / base if w is not None else None for w in windows], [w / base if w is not None else None for w in spans]
 
 
 def pair_residuals(start_s, step_id, busy, work):
@@ -293,13 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     steps_dir = args.data or args.shared / "data" / "steps"
     experiments = args.shared / "data" / "experiments"
     try:  # every input is read and every table is made before anything is printed
-        entry = None
-        if args.run_dir is not None:
-            archive = RunDir(args.run_dir).archive
-            if not archive.is_file():
-                raise InputError(archive, None, "no archive there (--run-dir)")
-            with ArchiveStore(archive, create=False, read_only=True) as store:
-                entry = store.get(args.id)
+        entry = archived_entry(args.run_dir, args.id) if args.run_dir is not None else None
         data = load_steps([steps_dir])
         resolver = default_resolver()
         scatter = run_scatter(entry.run_config) if entry is not None else None
@@ -311,9 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         tables = [prefill_in_traces(data.steps, resolver), slow_stretches(data.steps)]
         tables.append(holdout_references(data, resolver))
         if entry is not None:
-            seed = run_seed(entry.run_config)
-            sharing = trace_kv_sharing(data, experiments, resolver, seed) if experiments.is_dir() else None
-            tables.append(first_seconds(data, resolver, entry, sharing))
+            prices_us = trace_prices_us(data, resolver, entry, experiments if experiments.is_dir() else None)
+            tables.append(first_seconds(data, entry, prices_us))
             specs = {s.name: s for s in find_experiments(experiments)} if experiments.is_dir() else {}
             tables.append(queue_by_stage(data, specs, resolver, entry, args.draws or QUEUE_DRAWS, scatter))
     except InputError as err:

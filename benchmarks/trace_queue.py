@@ -256,14 +256,24 @@ def first_step_present(trace, runs: list[SimulatedRun]) -> str | None:
     The tracer's step ids and the simulator's step indices are both taken to count from 0
     (counting from 1 would only lower the draws' range). None where the trace has no
     queue depths."""
+    first = first_step_present_count(trace)
+    if first is None:
+        return None
+    k, real = first
+    drawn = [float(run.present[k]) for run in runs if k < len(run.present)]
+    if not drawn:
+        return None
+    return f"  requests present at step {k}, the first sampled: {real:g}; simulated {min(drawn):g}-{max(drawn):g}"
+
+
+def first_step_present_count(trace) -> tuple[int, float] | None:
+    """(the trace's first sampled step id, the requests present there: running and waiting), or
+    None where the trace has no queue depths."""
     if not {"running_depth", "waiting_depth"} <= set(trace.columns) or not len(trace):
         return None
     first = trace.loc[trace["step_id"].idxmin()]
-    real, k = first["running_depth"] + first["waiting_depth"], int(first["step_id"])
-    drawn = [float(run.present[k]) for run in runs if k < len(run.present)]
-    if not np.isfinite(real) or not drawn:
-        return None
-    return f"  requests present at step {k}, the first sampled: {real:g}; simulated {min(drawn):g}-{max(drawn):g}"
+    real = float(first["running_depth"] + first["waiting_depth"])
+    return (int(first["step_id"]), real) if np.isfinite(real) else None
 
 
 def mean_stats(stats: list[dict | None]) -> dict | None:

@@ -87,7 +87,9 @@ def test_first_seconds_finds_a_warm_up_against_the_model(tmp_path):
     trace[sampled].to_csv(tmp_path / "t.csv", index=False)
     data = load_steps([tmp_path / "t.csv"])
     entry = SimpleNamespace(id="model", expression="8000 + 60*decode_tokens")
-    lines = tc.first_seconds(data, default_resolver(), entry, None)
+    lines = tc.first_seconds(
+        data, entry, load_benchmark("trace_model").trace_prices_us(data, default_resolver(), entry, None)
+    )
     assert lines[2].startswith("tiny tp1 general")
     cells = [float(c) for c in lines[2].split()[3:]]
     by_window = dict(zip(tc.WINDOW_STARTS_S, cells[:-2], strict=True))
