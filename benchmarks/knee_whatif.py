@@ -5,9 +5,11 @@ At a load stage where the batch fills its ``max_num_seqs`` slots (a knee), the s
 the trace's own cycle time queues less than the real server (``trace_checks.py``, check 3).
 Two disturbances lengthen a queue without changing the mean cycle time:
 
-* **stalls**: now and then a step takes ``STALL_S`` longer. Every step's time is scaled by
-  ``(1 + m * stalled) / (1 + p * m)``, mean 1, where ``m`` is the stall over the stage's
-  cycle and ``p`` the chance of a stall per step, set by the share of time stalled;
+* **stalls**: now and then a step takes longer. Every step's time is scaled by
+  ``(1 + m * stalled) / (1 + p * m)``, mean 1, where ``m`` is the stall (s) over the stage's
+  cycle and ``p`` the chance of a stall per step, set so that stalls take the given share
+  of the time. A stall is ``m`` times its own step's modelled time, and the normalisation
+  takes that share off every step: at 2% a 0.44 s stall adds about 0.43 s;
 * **drift**: every step's time scaled by ``1 + x``, ``x`` a first-order autoregressive series
   of standard deviation ``sd`` whose correlation lasts ``tau`` seconds (in steps at the
   stage's cycle).
@@ -37,7 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # trace_queue.py
 
 from trace_model import archived_entry, model_parser, trace_prices_us  # noqa: E402
 from trace_queue import (  # noqa: E402
+    MEMORY_LAG_S,
     QUEUE_SKIP_S,
+    SCALE_MATCH,
     match_cycle,
     mean_stats,
     short,
@@ -99,19 +103,20 @@ def knee_stage(real, starts_s: list[float], spec) -> int | None:
 
 def interval_excess(start_s, step_id, priced_s, lo_s: float, hi_s: float) -> tuple[float, dict[float, float]]:
     """Between consecutive sampled steps in [LO_S, HI_S): the largest time beyond the price of
-    the steps between them (each priced at the mean of its two ends'), in s; and per window of
-    ``WINDOWS_S`` the standard deviation of real over priced time, relative to its median."""
-    dt, steps = np.diff(start_s), np.diff(step_id)
-    priced = steps * 0.5 * (priced_s[:-1] + priced_s[1:])
-    inside = (start_s[:-1] >= lo_s) & (start_s[1:] < hi_s) & np.isfinite(priced)
-    largest = float((dt - priced)[inside].max()) if inside.any() else float("nan")
+    the steps between them (each priced at the mean of its two ends', PRICED_S), in s; and per
+    window of ``WINDOWS_S`` (every whole one) the standard deviation of real over priced time,
+    relative to its median."""
+    dt_s, steps = np.diff(start_s), np.diff(step_id)
+    between_s = steps * 0.5 * (priced_s[:-1] + priced_s[1:])
+    inside = (start_s[:-1] >= lo_s) & (start_s[1:] < hi_s) & np.isfinite(between_s)
+    largest = float((dt_s - between_s)[inside].max()) if inside.any() else float("nan")
     spread = {}
     for width in WINDOWS_S:
         ratios = []
-        for a in np.arange(lo_s, hi_s - width, width):
+        for a in np.arange(lo_s, hi_s - width + 1e-9, width):
             k = inside & (start_s[:-1] >= a) & (start_s[1:] < a + width)
             if k.sum() >= 3:
-                ratios.append(dt[k].sum() / priced[k].sum())
+                ratios.append(dt_s[k].sum() / between_s[k].sum())
         spread[width] = float(np.std(ratios) / np.median(ratios)) if len(ratios) >= 3 else float("nan")
     return largest, spread
 
@@ -119,7 +124,9 @@ def interval_excess(start_s, step_id, priced_s, lo_s: float, hi_s: float) -> tup
 def whatif_lines(spec, dep, entry, draws: int, i: int, cycle_ms: float, observed_ms: float) -> list[str]:
     """The what-if table of stage I: the model at CYCLE_MS, alone and disturbed."""
     model = [simulate_stages(spec, dep, entry.expression, entry.overheads, s, None).stages[i] for s in range(draws)]
-    factor, at_cycle, _ = match_cycle(spec, dep, entry, draws, None, i, cycle_ms, model)
+    factor, at_cycle, matched = match_cycle(spec, dep, entry, draws, None, i, cycle_ms, model)
+    if matched is None or abs(matched["cycle_ms"] / cycle_ms - 1) > SCALE_MATCH:
+        return [f"  no fit: x{factor:.3g} does not put the simulated cycle on the trace's {cycle_ms:.2f} ms"]
     expression = scaled_expression(entry.expression, factor)
     steps_per_s = 1e3 / cycle_ms
     cases = [("as modelled", None)]
@@ -127,7 +134,7 @@ def whatif_lines(spec, dep, entry, draws: int, i: int, cycle_ms: float, observed
     cases += [(f"drift sd {sd:.0%}, {tau:g} s", Drift(sd, tau * steps_per_s)) for sd, tau in DRIFTS]
     lines = [
         f"  the model at the trace's cycle time (x{factor:.3f}), {draws} draws; real TTFT {observed_ms:.1f} ms",
-        f"  {'what if':<28} {'TTFT ms':>8} {'draws':>11} {'8 s later':>9} {'cycle ms':>8}",
+        f"  {'what if':<28} {'TTFT ms':>8} {'draws':>11} {f'{MEMORY_LAG_S:g} s later':>9} {'cycle ms':>8}",
     ]
     for label, disturbance in cases:
         got = (
@@ -160,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for name in sorted(data.steps["experiment"].unique()):
         spec = specs.get(name)
-        trace = data.steps.loc[data.steps["experiment"] == name]
+        rows = (data.steps["experiment"] == name).to_numpy()
+        trace = data.steps.loc[rows]
         real = trace_series(trace)
         starts_s = trace_stage_starts_s(real, [d for _, d in spec.stages]) if spec is not None else None
         i = knee_stage(real, starts_s, spec) if starts_s is not None else None
@@ -170,9 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         rate, duration_s = spec.stages[i]
         lo_s, hi_s = starts_s[i] + QUEUE_SKIP_S, starts_s[i] + duration_s
         cycle_ms = stage_stats(real, lo_s, hi_s, spec.max_num_seqs)["cycle_ms"]
-        largest_s, spread = interval_excess(
-            real.start_s, real.step_id, priced_s[(data.steps["experiment"] == name).to_numpy()], lo_s, hi_s
-        )
+        largest_s, spread = interval_excess(real.start_s, real.step_id, priced_s[rows], lo_s, hi_s)
         observed = spec.observed.stages[i].ttft_mean_s * 1e3 if spec.observed else float("nan")
         print(f"{short(name)}, stage {i + 1} at {rate:g} req/s, from {QUEUE_SKIP_S:.0f} s in")
         windows = ", ".join(f"{w:g} s {100 * v:.2f}%" for w, v in spread.items())

@@ -59,16 +59,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # trace_queue.py, check 3
 
-from trace_model import archived_entry, trace_prices_us  # noqa: E402
+from trace_model import archived_entry, model_parser, trace_prices_us  # noqa: E402
 from trace_queue import QUEUE_DRAWS, cell, id_rate_cycle_us, queue_by_stage, short  # noqa: E402
 
-from evolve.cli_parser import OneLineParser, load_draws_arg  # noqa: E402
 from evolve.config import RunConfig  # noqa: E402
 from evolve.validation import measured_step_scatter  # noqa: E402
 from fitness.dataset import build_step_table  # noqa: E402
 from fitness.step_scatter import FEATURES, NEIGHBOURS, holdout_reference, neighbour_ratios, run_scatter  # noqa: E402
 from primitives.data.experiments import find_experiments  # noqa: E402
-from primitives.data.roots import shared_data_root  # noqa: E402
 from primitives.data.traces import load_steps  # noqa: E402
 from primitives.deployment import default_resolver  # noqa: E402
 from primitives.errors import InputError  # noqa: E402
@@ -278,12 +276,8 @@ def holdout_references(data, resolver) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = OneLineParser(prog="python benchmarks/trace_checks.py", description=__doc__.splitlines()[0])
-    ap.add_argument("--shared", type=Path, default=shared_data_root(), help="the shared folder (default ../shared)")
+    ap = model_parser("trace_checks.py", __doc__, QUEUE_DRAWS, required=False)  # the model: checks 2 and 3
     ap.add_argument("--data", type=Path, help="step traces to check (default: the shared folder's data/steps)")
-    ap.add_argument("--run-dir", type=Path, help="run directory of the archived model for checks 2 and 3 (with --id)")
-    ap.add_argument("--id", help="archive entry id (or prefix) for checks 2 and 3 (with --run-dir)")
-    ap.add_argument("--draws", type=load_draws_arg, help=f"check 3: draws of the load (default {QUEUE_DRAWS})")
     ap.add_argument(
         "--step-scatter",
         type=Path,

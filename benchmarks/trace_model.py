@@ -20,13 +20,18 @@ from primitives.errors import InputError  # noqa: E402
 from primitives.language import evaluate_expr, parse_infix  # noqa: E402
 
 
-def model_parser(prog: str, doc: str, draws: int) -> OneLineParser:
-    """The command line of a benchmark that simulates an archived model against the traces."""
+def model_parser(prog: str, doc: str, draws: int, required: bool = True) -> OneLineParser:
+    """The command line of a benchmark that simulates an archived model against the traces. Not
+    REQUIRED: the model is optional, and --draws without it reads None (the caller's default)."""
     ap = OneLineParser(prog=f"python benchmarks/{prog}", description=doc.splitlines()[0])
     ap.add_argument("--shared", type=Path, default=shared_data_root(), help="the shared folder (default ../shared)")
-    ap.add_argument("--run-dir", type=Path, required=True, help="run directory of the archived model")
-    ap.add_argument("--id", required=True, help="archive entry id (or prefix)")
-    ap.add_argument("--draws", type=load_draws_arg, default=draws, help=f"draws of the load (default {draws})")
+    with_other = ("", "") if required else (" (with --id)", " (with --run-dir)")
+    ap.add_argument(
+        "--run-dir", type=Path, required=required, help="run directory of the archived model" + with_other[0]
+    )
+    ap.add_argument("--id", required=required, help="archive entry id (or prefix)" + with_other[1])
+    default = draws if required else None
+    ap.add_argument("--draws", type=load_draws_arg, default=default, help=f"draws of the load (default {draws})")
     return ap
 
 

@@ -28,7 +28,9 @@ Last, how far and for how long the requests present (holding a slot or waiting) 
 99th percentile over the stage's steps, and the correlation of the count with itself
 ``MEMORY_LAG_S`` later (pairs of steps that far apart, within ``MEMORY_TOLERANCE``). Near
 ``max_num_seqs`` a queue that lasts longer and reaches higher waits longer at the same mean.
-A trace's steps are a sample; both figures are unbiased by which steps it kept.
+A trace's steps are a 10% sample, so its figures are noisier than the simulated ones (taken
+on every step), and the real run is one draw of its load: the count of draws below it says
+how unusual it is among the simulated ones.
 """
 
 from __future__ import annotations

@@ -11,10 +11,13 @@ def test_each_step_takes_its_windows_ratio_and_the_first_the_stall():
     fs = load_benchmark("fresh_server")
     start_s = np.array([0.0, 1.9, 2.0, 5.0, 15.9, 16.0, 300.0])
     windows = [0.5, 1.5, None, 1.2, 1.0, 1.0, 1.0, 1.1]  # 2-s windows from 0 s; None: not priced
-    scales = fs.start_scales(start_s, first_step_us=20_000.0, windows=windows, stall_s=1.0)
+    scales = fs.start_scales(start_s, first_step_us=20_000.0, window_ratios=windows, stall_s=1.0)
     # the first step: its window's 0.5 and a 1 s stall on its 20 ms (50 times its time)
     assert scales[0] == pytest.approx(0.5 + 50.0)
-    assert scales[1:].tolist() == [0.5, 1.5, 1.0, 1.1, 1.0, 1.0]  # window 2 unknown: 1; past 16 s: 1
+    assert scales[1:7].tolist() == [0.5, 1.5, 1.0, 1.1, 1.0, 1.0]  # window 2 unknown: 1; past 16 s: 1
+    # steps beyond those given run as modelled: the simulator reuses multipliers cyclically, so
+    # the stall must not come round again
+    assert len(scales) == 2 * len(start_s) and scales[7:].tolist() == [1.0] * 7
     assert fs.start_scales(start_s, 20_000.0, windows, 0.0)[0] == 0.5
 
 

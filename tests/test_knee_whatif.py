@@ -14,6 +14,8 @@ def _whatif():
 def test_stalls_take_their_share_of_the_time_and_keep_the_mean():
     kw = _whatif()
     stalls = kw.Stalls(multiple=20.0, share=0.02)
+    # the chance per step that makes stalls of 20 steps' time take 2% of it: p*m / (1 + p*m)
+    assert stalls.chance * 20.0 / (1 + stalls.chance * 20.0) == pytest.approx(0.02, rel=1e-12)
     scales = stalls.scales(seed=3)
     assert scales.mean() == pytest.approx(1.0, rel=0.01)
     stalled = scales > scales.min()
@@ -42,6 +44,12 @@ def test_the_trace_side_finds_a_stall_between_sampled_steps():
     largest, spread = kw.interval_excess(start, step_id, priced, 0.0, start[-1] + 1)
     assert largest == pytest.approx(0.3)
     assert set(spread) == set(kw.WINDOWS_S) and all(v < 0.05 for v in spread.values())
+    # steps 2% slower in every other 10-s window: that spread over 10-s windows
+    drifted = [0.0]
+    for steps in np.diff(step_id):
+        drifted.append(drifted[-1] + steps * 0.02 * (1.02 if (drifted[-1] // 10) % 2 else 1.0))
+    _, spread = kw.interval_excess(np.array(drifted), step_id, priced, 0.0, drifted[-1])
+    assert spread[10.0] == pytest.approx(0.01, rel=0.15)  # half the windows 1.02, half 1.00: sd 0.01
     # outside the window, the stall is not counted
     assert kw.interval_excess(start, step_id, priced, 0.0, start[1400])[0] == pytest.approx(0.0, abs=1e-9)
 

@@ -274,7 +274,11 @@ def test_how_long_the_requests_present_stay_alike():
     # a 10% sample of the steps pairs at the same lag, not at the first step past the tolerance
     rng = np.random.default_rng(0)
     kept = np.sort(rng.choice(len(t), len(t) // 10, replace=False))
-    assert tq.lagged_correlation(t[kept], wave[kept], 8.0) == pytest.approx(-1.0, abs=0.03)
+    assert tq.lagged_correlation(t[kept], wave[kept], 8.0) == pytest.approx(-1.0, abs=0.01)
+    # the nearest step to 8 s later, not the first inside the tolerance (6.8 s: a 7.65 s lag's -0.93)
+    assert tq.lagged_correlation(t, np.sin(2 * np.pi * t / 9.0), 8.0) == pytest.approx(
+        np.cos(2 * np.pi * 8 / 9), abs=0.01
+    )
     assert abs(tq.lagged_correlation(t, rng.normal(size=len(t)), 8.0)) < 0.03  # no memory
     assert np.isnan(tq.lagged_correlation(t[:50], wave[:50], 8.0))  # 2.5 s: no pair 8 s apart
     assert np.isnan(tq.lagged_correlation(t, np.ones(len(t)), 8.0))  # no spread

@@ -157,7 +157,9 @@ def test_validate_tables_fit_80_columns(validated):
     for words in ("E2E s", "p99", "Ranking", "model wrong", "TTFT p90", "llama-2-70b tp4", "errors in %"):
         assert words in text
     # the longest title, the stage transfer's, stays one line above tables whose titles are short
-    title = "Validation of fe955dd8f116 (stage transfer: high-rate stages held out)"
+    from evolve.validation_view import VALIDATE_MODES
+
+    title = f"Validation of fe955dd8f116 ({VALIDATE_MODES['stage-transfer'][1]})"  # as validate builds it
     staged = _lines(lambda c: print_validation(c, res, title))
     assert staged[0] == title and staged[1].rstrip() == "Means: predicted / observed"
 
