@@ -86,10 +86,11 @@ def start_run_scales(spec, dep, model, seed: int, start: tuple[list, float]) -> 
     return start_scales(times_s, first_step_us, *start)
 
 
-def measured_starts(data, resolver, entry, experiments: Path, draws: int) -> dict[tuple[str, int], tuple[list, float]]:
+def measured_starts(
+    data, resolver, entry, experiments: Path, specs: dict, draws: int
+) -> dict[tuple[str, int], tuple[list, float]]:
     """(model, TP) -> (the slow start's window ratios, the stall in s) of every trace whose
-    experiment folder is in EXPERIMENTS."""
-    specs = {s.name: s for s in find_experiments(experiments)}
+    experiment is in SPECS (by name; their folders in EXPERIMENTS)."""
     priced_us = trace_prices_us(data, resolver, entry, experiments)
     starts = {}
     for name in sorted(data.steps["experiment"].unique()):
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         resolver = default_resolver()
         experiments = args.shared / "data" / "experiments"
         specs = {s.name: s for s in find_experiments(experiments)}
-        starts = measured_starts(data, resolver, entry, experiments, args.draws)
+        starts = measured_starts(data, resolver, entry, experiments, specs, args.draws)
     except InputError as err:
         print(err, file=sys.stderr)
         return 2

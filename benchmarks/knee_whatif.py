@@ -45,7 +45,7 @@ from trace_queue import (  # noqa: E402
     match_cycle,
     mean_stats,
     short,
-    simulate_stages,
+    stage_draws,
     stage_stats,
     trace_series,
     trace_stage_starts_s,
@@ -123,7 +123,7 @@ def interval_excess(start_s, step_id, priced_s, lo_s: float, hi_s: float) -> tup
 
 def whatif_lines(spec, dep, entry, draws: int, i: int, cycle_ms: float, observed_ms: float) -> list[str]:
     """The what-if table of stage I: the model at CYCLE_MS, alone and disturbed."""
-    model = [simulate_stages(spec, dep, entry.expression, entry.overheads, s, None).stages[i] for s in range(draws)]
+    model = stage_draws(spec, dep, entry.expression, entry.overheads, None, i, draws)
     factor, at_cycle, matched = match_cycle(spec, dep, entry, draws, None, i, cycle_ms, model)
     if matched is None or abs(matched["cycle_ms"] / cycle_ms - 1) > SCALE_MATCH:
         return [f"  no fit: x{factor:.3g} does not put the simulated cycle on the trace's {cycle_ms:.2f} ms"]
@@ -140,9 +140,7 @@ def whatif_lines(spec, dep, entry, draws: int, i: int, cycle_ms: float, observed
         got = (
             at_cycle
             if disturbance is None
-            else [
-                simulate_stages(spec, dep, expression, entry.overheads, s, disturbance).stages[i] for s in range(draws)
-            ]
+            else stage_draws(spec, dep, expression, entry.overheads, disturbance, i, draws)
         )
         ttft = np.array([d.ttft_ms for d in got])
         stats = mean_stats([d.stats for d in got]) or {"memory": float("nan"), "cycle_ms": float("nan")}

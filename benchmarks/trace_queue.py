@@ -250,6 +250,13 @@ def simulate_stages(spec, deployment, expression: str, overheads: dict, seed: in
     return SimulatedRun(out, series.running + series.waiting)
 
 
+def stage_draws(
+    spec, deployment, expression: str, overheads: dict, scatter, i: int, draws: int
+) -> list[SimulatedStage]:
+    """Stage I of ``simulate_stages`` for the load seeds 0 .. DRAWS - 1."""
+    return [simulate_stages(spec, deployment, expression, overheads, s, scatter).stages[i] for s in range(draws)]
+
+
 def first_step_present(trace, runs: list[SimulatedRun]) -> str | None:
     """The requests present (holding a slot or waiting) at the trace's first sampled step,
     and at the same step id in each draw: the load sends from its first request on at the
@@ -313,21 +320,27 @@ def queue_row(stage: str, label: str, stats: dict | None, ttft_ms: float, below:
     ).rstrip()
 
 
+def count_below(drawn, real: float) -> str:
+    """How many of the DRAWN figures lie under the REAL one, of those the draws have ('' where
+    the real run has none)."""
+    got = np.asarray(drawn, dtype=np.float64)
+    got = got[np.isfinite(got)]  # a draw without the figure (one that served nobody) is left out
+    return f"{int((got < real).sum())}/{len(got)}" if np.isfinite(real) else ""
+
+
 def below(draws: list[SimulatedStage], real: dict | None, key: str) -> str:
-    """How many DRAWS have the figure KEY under the REAL run's ('' where either has none)."""
-    value = real[key] if real is not None else float("nan")
-    got = np.array([d.stats[key] for d in draws if d.stats is not None], dtype=np.float64)
-    got = got[np.isfinite(got)]
-    return f"{int((got < value).sum())}/{len(got)}" if len(got) and np.isfinite(value) else ""
+    """``count_below`` of the figure KEY of the DRAWS' windows."""
+    return count_below(
+        [d.stats[key] for d in draws if d.stats is not None], real[key] if real is not None else float("nan")
+    )
 
 
 def draws_row(label: str, draws: list[SimulatedStage], observed_ms: float) -> str:
     """A simulated row: the draws' mean figures."""
     ttft = np.array([d.ttft_ms for d in draws])
     served = ttft[np.isfinite(ttft)]  # a draw that served nobody has no TTFT to compare
-    below = f"{int((served < observed_ms).sum())}/{len(served)}" if np.isfinite(observed_ms) else ""
     mean_ttft = float(served.mean()) if len(served) else float("nan")
-    return queue_row("", label, mean_stats([d.stats for d in draws]), mean_ttft, below)
+    return queue_row("", label, mean_stats([d.stats for d in draws]), mean_ttft, count_below(ttft, observed_ms))
 
 
 def match_cycle(
@@ -346,10 +359,9 @@ def match_cycle(
         factor = float(np.clip(factor * (target_ms / previous[1]) ** (1.0 / elasticity), *SCALE_LIMITS))
         if factor == previous[0]:  # held at a limit: another round would simulate the same
             break
-        expression = scaled_expression(entry.expression, factor)
-        scaled = [
-            simulate_stages(spec, deployment, expression, entry.overheads, s, scatter).stages[i] for s in range(draws)
-        ]
+        scaled = stage_draws(
+            spec, deployment, scaled_expression(entry.expression, factor), entry.overheads, scatter, i, draws
+        )
         stats = mean_stats([d.stats for d in scaled])
         if stats is not None and stats["cycle_ms"] > 0 and factor != previous[0] and stats["cycle_ms"] != previous[1]:
             slope = np.log(stats["cycle_ms"] / previous[1]) / np.log(factor / previous[0])

@@ -31,13 +31,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
 def test_the_traces_measure_a_slow_start(shared_data):
     from types import SimpleNamespace
 
+    from primitives.data.experiments import find_experiments
     from primitives.data.traces import load_steps
     from primitives.deployment import default_resolver
 
     fs = load_benchmark("fresh_server")
     entry = SimpleNamespace(expression="1.1*gemm_time_us + 1.1*kv_io_time_us + 1500*tp", overheads={}, run_config={})
     data = load_steps([shared_data / "steps"])
-    starts = fs.measured_starts(data, default_resolver(), entry, shared_data / "experiments", 1)
+    experiments = shared_data / "experiments"
+    specs = {s.name: s for s in find_experiments(experiments)}
+    starts = fs.measured_starts(data, default_resolver(), entry, experiments, specs, 1)
     assert {tp for _, tp in starts} == {2, 4}  # the two traced deployments
     windows, stall_s = starts[next(k for k in starts if k[1] == 4)]
     # Llama-2-70B: 11 requests present at its first sampled step, where a simulation holds a few
