@@ -83,17 +83,18 @@ def spread_lines(predictions: dict[str, list[dict]], recommended: str | None = N
             mark = "*" if model == recommended else " "
             fail, fit = fmt_share(item.get("failure_fraction_pred")), fmt_share(item.get("fit_e2e_error_max"))
             lines.append(f"{mark} {model:<14}{cells}{fail:>12}{fit:>9}")
-        cells = "".join(f"{_range(rows, k, scale):>12}" for k, _, scale in METRICS)
-        lines += [f"  {'range':<14}{cells}{_range(rows, 'failure_fraction_pred', 100.0, '%'):>12}", ""]
+        cells = "".join(f"{_range(rows, k, lambda v, s=scale: fmt_value(v, s)):>12}" for k, _, scale in METRICS)
+        lines += [f"  {'range':<14}{cells}{_range(rows, 'failure_fraction_pred', fmt_share):>12}", ""]
     return lines
 
 
-def _range(rows: list[tuple[str, dict]], key: str, scale: float, unit: str = "") -> str:
-    values = [item[key] * scale for _, item in rows if item.get(key) is not None]
+def _range(rows: list[tuple[str, dict]], key: str, fmt) -> str:
+    """The lowest and highest of the models' ``key``, each written as the model rows write it."""
+    values = [item[key] for _, item in rows if item.get(key) is not None]
     if not values:
         return "—"
-    low, high = f"{min(values):.3g}", f"{max(values):.3g}"
-    return f"{low}{unit}" if low == high else f"{low}–{high}{unit}"
+    low, high = fmt(min(values)), fmt(max(values))
+    return low if low == high else f"{low.removesuffix('%')}–{high}"  # a unit shows once, at the end
 
 
 def main(argv: list[str] | None = None) -> int:

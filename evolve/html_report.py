@@ -28,6 +28,7 @@ from evolve.validation_view import (
 from fitness.headroom import COLUMNS as HEADROOM_COLUMNS
 from fitness.headroom import KNOBS, factor_text
 from fitness.headroom import title as headroom_title
+from fitness.validate import ClosedLoopSettings
 from primitives.distribution import PERCENTILES, stat_key
 from primitives.files import atomic_write_text
 
@@ -340,7 +341,7 @@ def _draws_note(result: dict) -> str:
         return what_if + (f" The load is the generator's draw {first} (validate --seed {first})." if first else "")
     return what_if + (
         f" Each simulated figure is the mean of {n} draws of the load (arrival times and prompt"
-        f" lengths; seeds {first}–{first + n - 1});"
+        f" lengths; seeds {ClosedLoopSettings(first, n).seed_range});"
         " the bars of the predicted-against-observed plots and a cell's hover text give their range."
     )
 

@@ -221,8 +221,8 @@ def _run(config: RunConfig, ui, termination: Termination) -> list:
         scatter = recorded_scatter(config.step_scatter)
         ui.log(describe_scatter(scatter.summary()) if scatter else "too few steps to measure their scatter: none")
     if config.experiments and config.load_draws > 1:
-        last = config.seed + config.load_draws - 1
-        ui.log(f"replayed means: the mean of {config.load_draws} draws of each load (seeds {config.seed}-{last})")
+        seeds = run_settings(config).seed_range
+        ui.log(f"replayed means: the mean of {config.load_draws} draws of each load (seeds {seeds})")
     fingerprint = ctx.steps.fingerprint
     if config.experiments:
         fingerprint = f"{fingerprint}+{experiments_fingerprint(Path(config.experiments))}"

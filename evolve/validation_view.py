@@ -15,6 +15,7 @@ from fitness.headroom import COLUMNS as HEADROOM_COLUMNS
 from fitness.headroom import KNOBS, factor_text
 from fitness.headroom import title as headroom_title
 from fitness.step_scatter import describe_scatter
+from fitness.validate import ClosedLoopSettings
 
 # ``validate``'s modes (evolve.validation): mode -> (what the command does, the table's title suffix)
 VALIDATE_MODES: dict[str | None, tuple[str, str]] = {
@@ -228,8 +229,8 @@ def print_validation(console, result: dict, title: str) -> None:
     first = result.get("load_seed", 0)
     if result.get("load_draws", 1) > 1:
         n = result["load_draws"]
-        seeds = f"seeds {first}-{first + n - 1}"
-        console.print(f"predicted: the mean of {n} draws of the load, {seeds} (their range: --json, --report)")
+        seeds = ClosedLoopSettings(first, n).seed_range
+        console.print(f"predicted: the mean of {n} draws of the load, seeds {seeds} (their range: --json, --report)")
         inside = result.get("summary", {}).get("obs_in_range", {})
         counts = [
             f"{LABELS[m]} {inside[f'{m}_mean'][0]}/{inside[f'{m}_mean'][1]}" for m in LABELS if f"{m}_mean" in inside

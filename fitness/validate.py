@@ -73,6 +73,11 @@ class ClosedLoopSettings:
     def seeds(self) -> list[int]:
         return list(range(self.seed, self.seed + max(1, self.load_draws)))
 
+    @property
+    def seed_range(self) -> str:
+        """The seeds as people read them: '0-4' (one home for what the terminal and report say)."""
+        return f"{self.seeds[0]}-{self.seeds[-1]}"
+
 
 ONE_DRAW = ClosedLoopSettings()  # the default: the load's seed 0, no scatter
 

@@ -63,7 +63,7 @@ def test_the_table_gives_each_model_and_the_range_within_80_columns(spread):
     (best,) = [line for line in lines if "fe955dd8f116" in line]
     assert best.startswith("* ") and best.split()[2:] == ["93.8", "46.9", "12.1", "6.4%", "3.6%"]
     (span,) = [line for line in lines if line.strip().startswith("range")]
-    assert span.split()[1:] == ["82.3–93.8", "41.1–46.9", "12.1", "0–6.4%"]  # equal ends show once
+    assert span.split()[1:] == ["82.3–93.8", "41.1–46.9", "12.1", "0.0–6.4%"]  # ends as the rows write them
 
 
 def test_bad_input_is_one_line_and_status_2(spread, tmp_path, capsys):

@@ -54,6 +54,11 @@ def test_the_mean_of_draws_is_the_mean_of_their_linear_forms():
     assert rows.names == ["exp"] and rows.weights[0].shape == (2, 18)
 
 
+def test_the_seeds_of_a_setting_and_how_they_are_written():
+    assert ClosedLoopSettings(3, 2).seeds == [3, 4] and ClosedLoopSettings(3, 2).seed_range == "3-4"
+    assert ClosedLoopSettings(5, 0).seeds == [5] and ClosedLoopSettings(5, 0).seed_range == "5-5"
+
+
 def test_a_row_that_one_draw_distrusts_is_dropped_and_other_experiments_are_refused():
     rng = np.random.default_rng(1)
     queued = _draw(rng, 4, observed=(np.nan, np.nan))  # this draw's recording queued where the server did not

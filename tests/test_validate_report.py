@@ -361,6 +361,6 @@ def test_the_report_says_what_the_figures_are_the_mean_of(validated):
     item.update(load_seeds=[0, 1, 2], e2e_mean_pred_min_s=0.5, e2e_mean_pred_max_s=0.75, e2e_mean_obs_in_range=False)
     res["summary"] = {**res["summary"], "obs_in_range": {"e2e_mean": [3, 4]}}
     page = render(res, entry(), str(root))
-    assert "the mean of 3 draws of the load (arrival times and prompt lengths; seeds 0–2)" in page
+    assert "the mean of 3 draws of the load (arrival times and prompt lengths; seeds 0-2)" in page
     assert "simulated 0.5 to 0.75 s over the draws of the load: the observation is outside" in page
     assert "observed inside the range of the draws" in page and "<td>3 of 4</td>" in page
