@@ -83,3 +83,31 @@ def _each(values, name: str, kinds: tuple[type, ...], what: str = " items") -> N
     for v in values:
         if not _is(v, kinds):
             raise ValueError(f"{name}: expected {' or '.join(k.__name__ for k in kinds)}{what}, got {v!r:.60}")
+
+
+def check_run_config(config: dict) -> None:
+    """ValueError naming the field where a run's stored configuration holds what the commands
+    that price its models with (the seed of its draws, its efficiency bounds, its step scatter)
+    cannot use. Its inputs' paths are not: data that moved or a damaged path only means the
+    deployments it saw cannot be told (``archive.rundir.fitted_deployments``)."""
+
+    def number(name: str, value: object) -> None:
+        if not _is(value, (int, float)) or value != value or abs(value) == float("inf"):
+            raise ValueError(f"{name}: expected a number, got {value!r:.60}")
+
+    if config.get("seed") is not None and not (_is(config["seed"], (int,)) and config["seed"] >= 0):
+        raise ValueError(f"seed: expected a non-negative integer, got {config['seed']!r:.60}")
+    bounds = config.get("efficiency_bounds")
+    if bounds is not None:
+        if not (isinstance(bounds, list) and len(bounds) == 2):
+            raise ValueError(f"efficiency_bounds: expected [LO, HI], got {bounds!r:.60}")
+        for value in bounds:
+            number("efficiency_bounds", value)
+    for key in ("efficiency_caps", "efficiency_floors"):
+        found = config.get(key)
+        if found is not None and not isinstance(found, dict):
+            raise ValueError(f"{key}: expected a mapping of primitive to a number, got {found!r:.60}")
+        for name, value in (found or {}).items():
+            number(f"{key}.{name}", value)
+    if config.get("step_scatter") is not None and not isinstance(config["step_scatter"], dict):
+        raise ValueError(f"step_scatter: expected a mapping, got {config['step_scatter']!r:.60}")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from archive.entry import ArchiveEntry
 from primitives.errors import InputError
-from primitives.files import atomic_write_text
+from primitives.files import atomic_write_text, regular_target
 
 ARCHIVE_FILENAME = "archive.sqlite"
 RUN_CONFIG_FILENAME = "run.json"
@@ -54,6 +54,23 @@ class RunDir:
     def plots(self) -> Path:
         return self.root / PLOTS_DIRNAME
 
+    def remove_stale_temporaries(self) -> None:
+        """Remove the half-written copies (``.checkpoint.pkl.*.tmp``) a killed writer left; only
+        under the run's lock, when no writer of this directory can be alive."""
+        for name in (CHECKPOINT_FILENAME, RUN_CONFIG_FILENAME):
+            for stale in self.root.glob(f".{name}.*.tmp"):
+                stale.unlink(missing_ok=True)
+
+    def forget_unstarted(self) -> None:
+        """Remove what a run wrote before its first generation finished (run.json, the archive
+        and sqlite's side files), so that the directory is unused again: an interrupt there
+        leaves nothing to resume, and a rerun must not be refused."""
+        for path in (
+            self.run_config,
+            *(self.archive.with_name(self.archive.name + s) for s in ("", "-wal", "-shm", "-journal")),
+        ):
+            path.unlink(missing_ok=True)
+
 
 def refuse_used_dir(root: Path) -> None:
     """A run directory belongs to one run: a fresh run refuses one that holds anything (but its lock)."""
@@ -64,12 +81,10 @@ def refuse_used_dir(root: Path) -> None:
     except OSError as exc:
         raise InputError(root, "--run-dir", f"cannot list the directory ({exc.strerror or exc})") from None
     if used:
-        raise InputError(
-            root,
-            "--run-dir",
-            f"not empty ({', '.join(used[:3])}{', ...' if len(used) > 3 else ''}); "
-            f"continue that run with --resume {root} or choose a new --run-dir",
-        )
+        listed = f"{', '.join(used[:3])}{', ...' if len(used) > 3 else ''}"
+        # a run that failed before its first checkpoint cannot be resumed: say how to reuse the name
+        how = f"continue that run with --resume {root}" if CHECKPOINT_FILENAME in used else "remove them"
+        raise InputError(root, "--run-dir", f"not empty ({listed}); {how} or choose a new --run-dir")
 
 
 class RunLock:
@@ -107,16 +122,47 @@ class RunLock:
             self.fd = None
 
 
-def default_run_dir(seed: int, base: str | os.PathLike | None = None, now: datetime | None = None) -> Path:
-    """``<base>/runs/<UTC timestamp>-seed<S>`` (base: the current directory); never an existing one."""
+def default_run_dir(
+    seed: int, base: str | os.PathLike | None = None, now: datetime | None = None, reserve: bool = False
+) -> Path:
+    """``<base>/runs/<UTC timestamp>-seed<S>`` (base: the current directory); never an existing one.
+    RESERVE creates it (atomically), so that two runs started in the same second take two names;
+    ``drop_if_unused`` removes it again when the run wrote nothing there."""
     root = Path(base) if base is not None else Path.cwd()
     stamp = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    candidate = root / RUNS_DIRNAME / f"{stamp}-seed{int(seed)}"
-    n = 2
-    while candidate.exists():  # two runs in the same second
-        candidate = root / RUNS_DIRNAME / f"{stamp}-seed{int(seed)}-{n}"
-        n += 1
-    return candidate
+    for n in range(1, 10_000):
+        candidate = root / RUNS_DIRNAME / (f"{stamp}-seed{int(seed)}" + (f"-{n}" if n > 1 else ""))
+        if not reserve and not candidate.exists():
+            return candidate
+        if reserve:
+            try:
+                candidate.mkdir(parents=True)
+                return candidate
+            except FileExistsError:  # two runs in the same second
+                continue
+            except OSError as exc:
+                raise InputError(
+                    candidate, "--run-dir", f"cannot create the directory ({exc.strerror or exc})"
+                ) from None
+    raise InputError(root / RUNS_DIRNAME, None, f"too many runs started at {stamp}; pass --run-dir")
+
+
+def drop_if_unused(root: Path) -> None:
+    """Remove a reserved run directory that holds nothing but its lock (the run wrote nothing)."""
+    try:
+        if {p.name for p in root.iterdir()} <= {LOCK_FILENAME}:
+            (root / LOCK_FILENAME).unlink(missing_ok=True)
+            root.rmdir()
+    except OSError:  # gone already, or not ours to remove
+        pass
+
+
+def check_latest_writable(base: str | os.PathLike | None = None) -> None:
+    """Refuse before a run's work what would stop it naming itself in ``runs/LATEST`` at its end."""
+    runs = (Path(base) if base is not None else Path.cwd()) / RUNS_DIRNAME
+    if runs.exists() and not runs.is_dir():
+        raise InputError(runs, None, f"is not a directory; a run names itself in {RUNS_DIRNAME}/{LATEST_FILENAME}")
+    regular_target(runs / LATEST_FILENAME)
 
 
 def record_latest(run_dir: str | os.PathLike, base: str | os.PathLike | None = None) -> Path:
@@ -279,7 +325,10 @@ def _trace_data_deployments(config: dict, bases: list[Path], tried: list[str]) -
     from primitives.data.traces import STEP_FILE_NAMES
 
     found: list[RunDeployment] = []
-    data = [str(p) for p in (config.get("data") or [])]
+    data = config.get("data") or []
+    if not isinstance(data, list) or not all(isinstance(p, str) for p in data):
+        tried.append(f"data {data!r:.40} (not a list of paths)")
+        return found
     if data:
         for p in data:
             path = _locate(p, bases)
@@ -314,9 +363,6 @@ def fitted_deployments(entry: ArchiveEntry, run_dir: str | Path | None = None) -
     step traces' and, for a replay run, its experiments' (``run_deployments`` stops at the
     traces). Empty where some of the run's data is no longer found: then nobody can tell."""
     config = dict(entry.run_config or {})
-    data = config.get("data") or []
-    if not isinstance(data, list) or not all(isinstance(p, str) for p in data):
-        return []
     bases = _run_base_dirs(config, Path(run_dir) if run_dir is not None else None)
     tried: list[str] = []
     found = _trace_data_deployments(config, bases, tried) + _experiment_deployments(config, bases, tried)

@@ -22,6 +22,7 @@ from typing import Iterator
 from urllib.parse import quote
 
 from archive.entry import ArchiveEntry
+from archive.store_json import dumps, id_list, json_or_damage
 from primitives.errors import InputError
 
 SCHEMA_VERSION = 1
@@ -64,24 +65,6 @@ CREATE TABLE IF NOT EXISTS generations (
 
 def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _json_default(obj: object) -> object:
-    # numpy scalars/arrays and Paths show up in stats and configs; store them as plain JSON.
-    if hasattr(obj, "item") and callable(obj.item):
-        try:
-            return obj.item()
-        except (ValueError, TypeError):
-            pass
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if isinstance(obj, (Path, set, frozenset, tuple)):
-        return str(obj) if isinstance(obj, Path) else list(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
-def _dumps(obj: object) -> str:
-    return json.dumps(obj, default=_json_default)
 
 
 def _finite_or_none(value: object) -> float | None:
@@ -196,7 +179,7 @@ class ArchiveStore:
 
     def _run_config(self, run_id: str, config_json: object) -> dict:
         damaged = lambda exc: self._damaged(f"runs.config_json of {run_id}", exc)  # noqa: E731
-        config = _json_or_damage(config_json, damaged)
+        config = json_or_damage(config_json, damaged)
         if not isinstance(config, dict):
             raise damaged(ValueError(f"expected a mapping, got {config!r:.60}"))
         return config
@@ -230,7 +213,7 @@ class ArchiveStore:
                 conn.execute(
                     "INSERT INTO runs (run_id, started_at, config_json, seed, dataset_fingerprint, status)"
                     " VALUES (?, ?, ?, ?, ?, 'running')",
-                    (run_id, utc_now(), _dumps(config), int(seed), str(fingerprint)),
+                    (run_id, utc_now(), dumps(config), int(seed), str(fingerprint)),
                 )
                 return
             if row[0] and fingerprint and row[0] != fingerprint:
@@ -241,7 +224,7 @@ class ArchiveStore:
                 )
             conn.execute(
                 "UPDATE runs SET status = 'running', finished_at = NULL, config_json = ? WHERE run_id = ?",
-                (_dumps(config), run_id),
+                (dumps(config), run_id),
             )
 
     def record_generation(
@@ -297,7 +280,7 @@ class ArchiveStore:
                         generation,
                         int(e.complexity),
                         _finite_or_none(e.objectives.get("step_mape")),
-                        _dumps(payload),
+                        dumps(payload),
                     ),
                 )
             conn.execute("UPDATE entries SET on_front = 0 WHERE run_id = ? AND on_front = 1", (run_id,))
@@ -307,7 +290,7 @@ class ArchiveStore:
             conn.execute(
                 "INSERT OR REPLACE INTO generations (run_id, generation, recorded_at, front_ids, best_ids, stats_json)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
-                (run_id, generation, utc_now(), json.dumps(list(front_ids)), json.dumps(list(best_ids)), _dumps(stats)),
+                (run_id, generation, utc_now(), json.dumps(list(front_ids)), json.dumps(list(best_ids)), dumps(stats)),
             )
 
     def finish_run(self, run_id: str, summary: dict, status: str = "finished") -> None:
@@ -316,7 +299,7 @@ class ArchiveStore:
             self._run_row(conn, run_id)
             conn.execute(
                 "UPDATE runs SET status = ?, finished_at = ?, summary_json = ? WHERE run_id = ?",
-                (status, utc_now(), _dumps(summary), run_id),
+                (status, utc_now(), dumps(summary), run_id),
             )
 
     # -- reading --------------------------------------------------------------------
@@ -361,7 +344,7 @@ class ArchiveStore:
             ).fetchone()
             if row is None:
                 return []
-            entries = self._load(conn, run, _id_list(row[0], lambda exc: self._damaged(f"generations.{column}", exc)))
+            entries = self._load(conn, run, id_list(row[0], lambda exc: self._damaged(f"generations.{column}", exc)))
         return sorted(entries, key=lambda e: (e.complexity, e.id))
 
     def front(self, run_id: str | None = None) -> list[ArchiveEntry]:
@@ -422,7 +405,7 @@ class ArchiveStore:
                 config=self._run_config(r[0], r[6]),
                 summary=None
                 if r[7] is None
-                else _json_or_damage(r[7], lambda exc, r=r: self._damaged(f"runs.summary_json of {r[0]}", exc)),
+                else json_or_damage(r[7], lambda exc, r=r: self._damaged(f"runs.summary_json of {r[0]}", exc)),
                 last_generation=r[8],
             )
             for r in rows
@@ -433,8 +416,9 @@ class ArchiveStore:
         runs = self.runs()
         return runs[-1] if runs else None
 
-    def resumable_run(self) -> RunRecord:
-        """The run a ``--resume`` goes on with (the latest), where sqlite finds the file whole."""
+    def resumable_run(self, run_token: str | None = None) -> RunRecord:
+        """The run a ``--resume`` goes on with (the latest), where sqlite finds the file whole
+        and, given RUN_TOKEN (run.json's), the run is that one and not another run's archive."""
         with self._tx(write=False) as conn:
             problem = conn.execute("PRAGMA quick_check").fetchone()[0]
         if problem != "ok":
@@ -442,6 +426,14 @@ class ArchiveStore:
         run = self.latest_run()
         if run is None:
             raise InputError(self.path, "--resume", "the archive holds no run; restore a copy or start a new run")
+        theirs = run.config.get("run_token")
+        if run_token and theirs and theirs != run_token:  # an archive copied in from another run
+            raise InputError(
+                self.path,
+                "run_token",
+                f"holds run {run.run_id!r} of another search, not the run of run.json; "
+                "restore this run's archive or start a new run",
+            )
         return run
 
     def last_generation(self, run_id: str | None = None) -> int | None:
@@ -467,27 +459,12 @@ class ArchiveStore:
             {
                 "generation": g,
                 "recorded_at": t,
-                "front_ids": _id_list(f, lambda exc, g=g: self._damaged(f"generations.front_ids of {g}", exc)),
-                "best_ids": _id_list(b, lambda exc, g=g: self._damaged(f"generations.best_ids of {g}", exc)),
-                "stats": _json_or_damage(s, lambda exc, g=g: self._damaged(f"generations.stats_json of {g}", exc)),
+                "front_ids": id_list(f, lambda exc, g=g: self._damaged(f"generations.front_ids of {g}", exc)),
+                "best_ids": id_list(b, lambda exc, g=g: self._damaged(f"generations.best_ids of {g}", exc)),
+                "stats": json_or_damage(s, lambda exc, g=g: self._damaged(f"generations.stats_json of {g}", exc)),
             }
             for g, t, f, b, s in rows
         ]
-
-
-def _json_or_damage(text: object, damaged):
-    try:
-        return json.loads(text)  # type: ignore[arg-type]
-    except (TypeError, ValueError) as exc:
-        raise damaged(exc) from None
-
-
-def _id_list(text: object, damaged) -> list[str]:
-    """A generation's stored list of entry ids (``damaged(exc)``: the error where it is not one)."""
-    ids = _json_or_damage(text, damaged)
-    if not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
-        raise damaged(ValueError(f"expected a list of entry ids, got {ids!r:.60}"))
-    return ids
 
 
 def _unique_ids(entries: list[ArchiveEntry]) -> list[str]:

@@ -10,7 +10,7 @@ exporter, sympy, rich) are imported inside the commands that need them, so that
 from __future__ import annotations
 
 import argparse
-import json
+import errno
 import os
 import sys
 import textwrap
@@ -19,68 +19,27 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from archive.entry import ArchiveEntry
+from evolve.cli_files import (
+    check_not_an_input,
+    check_writable_file,
+    dumps,
+    must_exist,
+    open_store,
+    usable_entry,
+    with_usable_run,
+    write_json,
+)
+from evolve.cli_files import (
+    get_entry as _get_entry,  # one name: tests replace it here
+)
 from evolve.cli_parser import PROG, build_parser
+from evolve.crash import OutputClosed, kill_workers, sigterm_as_interrupt
 from evolve.kernel_floor_view import print_floor_note, print_run_floor_note
-from evolve.report import clean, entry_record, fmt_cell, make_console, print_coverage_note
+from evolve.report import entry_record, fmt_cell, make_console, print_coverage_note
 from primitives.errors import InputError, writable_dir
-from primitives.files import atomic_write_text, regular_target
 
 
 # -- helpers ------------------------------------------------------------------------
-def _must_exist(path: str | None, option: str, kind: str = "any") -> None:
-    if path is None:
-        return
-    p = Path(path)
-    if kind == "dir" and not p.is_dir():
-        raise InputError(p, option, "no such directory" if not p.exists() else "expected a directory")
-    if kind == "file" and not p.is_file():
-        raise InputError(p, option, "no such file" if not p.exists() else "expected a file")
-    if kind == "any" and not p.exists():
-        raise InputError(p, option, "no such file or directory")
-
-
-def _check_writable_file(path: str | None, option: str) -> None:
-    """Fail before the (slow) work when an output file could not be written."""
-    if path is None:
-        return
-    p = regular_target(path, option)
-    parent = p.parent if str(p.parent) else Path(".")
-    if parent.exists() and not parent.is_dir():
-        raise InputError(p, option, f"cannot write: {parent} is a file, not a directory")
-    if not parent.is_dir():
-        raise InputError(p, option, f"cannot write: directory {parent} does not exist")
-    probe = parent / f".{p.name}.probe"
-    try:  # os.access says yes to root everywhere; a real create tells the truth
-        probe.touch()
-        probe.unlink()
-    except OSError as exc:
-        raise InputError(p, option, f"cannot write ({exc.strerror or exc})") from None
-
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(clean(obj), indent=2, allow_nan=False, default=str)
-
-
-def _write_json(path: str, obj: Any, option: str = "--json") -> None:
-    p = Path(path)
-    try:
-        atomic_write_text(p, _dumps(obj) + "\n")  # never leave a half-written result file
-    except OSError as exc:
-        raise InputError(p, option, f"cannot write ({exc.strerror or exc})") from None
-
-
-def _open_store(run_dir: str | None):
-    from archive.rundir import locate_archive
-    from archive.store import ArchiveStore
-
-    return ArchiveStore(locate_archive(run_dir), create=False, read_only=True)
-
-
-def _get_entry(run_dir: str | None, entry_id: str) -> ArchiveEntry:
-    with _open_store(run_dir) as store:
-        return store.get(entry_id)
-
-
 def _plots_dir(run_dir: str | None) -> Path:
     """Where validate's plot goes without --report: the plots folder of the run directory
     the archive was read from (--run-dir, or the latest run here), or the current
@@ -106,9 +65,9 @@ def _front_or_fail(store) -> list[ArchiveEntry]:
 def _resolver(args: argparse.Namespace):
     from primitives.deployment import DeploymentResolver
 
-    _must_exist(getattr(args, "model_configs", None), "--model-configs", "dir")
-    _must_exist(getattr(args, "gpu_datasheet", None), "--gpu-datasheet", "file")
-    _must_exist(getattr(args, "kernels", None), "--kernels", "dir")
+    must_exist(getattr(args, "model_configs", None), "--model-configs", "dir")
+    must_exist(getattr(args, "gpu_datasheet", None), "--gpu-datasheet", "file")
+    must_exist(getattr(args, "kernels", None), "--kernels", "dir")
     mc, gd, kd = (getattr(args, k, None) for k in ("model_configs", "gpu_datasheet", "kernels"))
     return DeploymentResolver.from_options(*(Path(v) if v else None for v in (mc, gd, kd)))
 
@@ -136,29 +95,30 @@ def _capped_jobs(jobs: int) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import time
 
-    from archive.rundir import default_run_dir
+    from archive.rundir import check_latest_writable, default_run_dir, drop_if_unused
     from evolve.config import RunConfig
     from evolve.resume import FIXED_BY_THE_RUN
 
     started_at = time.perf_counter()  # --time-limit bounds the whole command
     for path in args.data or []:
-        _must_exist(path, "--data")
-    _must_exist(args.experiments, "--experiments", "dir")
-    _must_exist(args.model_configs, "--model-configs", "dir")
-    _must_exist(args.gpu_datasheet, "--gpu-datasheet", "file")
-    _must_exist(args.kernels, "--kernels", "dir")
-    _must_exist(args.resume, "--resume", "dir")
+        must_exist(path, "--data")
+    must_exist(args.experiments, "--experiments", "dir")
+    must_exist(args.model_configs, "--model-configs", "dir")
+    must_exist(args.gpu_datasheet, "--gpu-datasheet", "file")
+    must_exist(args.kernels, "--kernels", "dir")
+    must_exist(args.resume, "--resume", "dir")
     if args.scheduler and args.backend != "dask":
         raise InputError("--scheduler", None, "a scheduler address needs --backend dask")
     # options given on the command line (a resume checks them against its run.json); dests are field names
     given = {name: getattr(args, name) for name in FIXED_BY_THE_RUN if getattr(args, name) is not None}
     seed = given.get("seed", RunConfig().seed)
+    check_latest_writable()  # before a default run directory is made under runs/
     if args.run_dir:
         run_dir = Path(args.run_dir)
     elif args.resume:
         run_dir = Path(args.resume)
     else:
-        run_dir = default_run_dir(seed)
+        run_dir = default_run_dir(seed, reserve=True)  # removed below if the run writes nothing there
     if run_dir.exists() and not run_dir.is_dir():
         raise InputError(run_dir, "--run-dir", "exists and is not a directory")
     config = RunConfig(
@@ -172,18 +132,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         resume=args.resume,
         **{k: (list(v) if isinstance(v, tuple) else v) for k, v in given.items() if k != "data"},
     )
-    from evolve.crash import kill_workers, sigterm_as_interrupt
     from evolve.run import run_search
     from evolve.ui import RunUI
 
     _RUN_DIRS.append(run_dir)
     ui = RunUI()
     try:
-        with sigterm_as_interrupt():
-            run_search(config, ui, frozenset(given), started_at)
+        run_search(config, ui, frozenset(given), started_at)
     finally:
         ui.close()
-        kill_workers()
+        kill_workers()  # before the directory is looked at: no worker writes there any more
+        if not (args.run_dir or args.resume):
+            drop_if_unused(run_dir)
     where, then = f"run directory: {run_dir}", f"(next: {PROG} archive best)"
     print(where + ("\n" if len(where) + 2 + len(then) > 80 else "  ") + then)  # a long path: two lines
     print_run_floor_note(run_dir)
@@ -193,7 +153,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_archive_list(args: argparse.Namespace) -> int:
     from archive.select import recommend
 
-    with _open_store(args.run_dir) as store:
+    with open_store(args.run_dir) as store:
         front = _front_or_fail(store)
         entries = store.all_entries() if args.all else front
         try:
@@ -201,7 +161,7 @@ def cmd_archive_list(args: argparse.Namespace) -> int:
         except ValueError:
             rec_id = None
     if args.json:
-        print(_dumps([{**entry_record(e), "recommended": e.id == rec_id} for e in entries]))
+        print(dumps([{**entry_record(e), "recommended": e.id == rec_id} for e in entries]))
         return 0
     from evolve.front_view import print_entries
 
@@ -213,7 +173,7 @@ def cmd_archive_list(args: argparse.Namespace) -> int:
 def cmd_archive_best(args: argparse.Namespace) -> int:
     from archive.select import rank
 
-    with _open_store(args.run_dir) as store:
+    with open_store(args.run_dir) as store:
         front = _front_or_fail(store)
         path = store.path
     from archive.select import recommend
@@ -230,7 +190,7 @@ def cmd_archive_best(args: argparse.Namespace) -> int:
         "selection_score": ranked[best.id].score,
     }
     if args.json:
-        print(_dumps(record))
+        print(dumps(record))
         return 0
     from evolve.front_view import print_entries
 
@@ -253,8 +213,8 @@ def cmd_archive_show(args: argparse.Namespace) -> int:
     from evolve.kernel_floor_view import catalog_floor, floor_table
     from evolve.report import entry_detail
 
-    with _open_store(args.run_dir) as store:
-        entry, run_dir = store.get(args.id), Path(store.path).parent
+    with open_store(args.run_dir) as store:
+        entry, run_dir = with_usable_run(store, store.get(args.id)), Path(store.path).parent
     ratios = catalog_floor(entry, run_dir, _resolver(args))
     console = make_console()
     for shown in entry_detail(entry) + ([floor_table(ratios)] if ratios else []):
@@ -264,10 +224,11 @@ def cmd_archive_show(args: argparse.Namespace) -> int:
 
 def cmd_score(args: argparse.Namespace) -> int:
     for path in args.data:
-        _must_exist(path, "--data")
+        must_exist(path, "--data")
     if args.experiments:
-        _must_exist(args.experiments, "--experiments", "dir")
-    _check_writable_file(args.json, "--json")
+        must_exist(args.experiments, "--experiments", "dir")
+    check_writable_file(args.json, "--json")
+    check_not_an_input(args.json, "--json", args)
     entry = _get_entry(args.run_dir, args.id)
     resolver = _resolver(args)
     from evolve.report import batch_bias_table, lodo_report, rows_table
@@ -298,7 +259,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     if held_out is not None:
         result["leave_one_deployment_out"] = held_out
     if args.json:
-        _write_json(args.json, result)
+        write_json(args.json, result)
     console = make_console()
     shown = [{k: v for k, v in r.items() if k not in ("by_batch_size", "kv_sharing")} for r in rows]
     console.print(rows_table(shown, title=f"Per-step error of {entry.id}"))
@@ -325,13 +286,14 @@ def _kv_count_line(rows: list[dict], experiments: str | None, seed: int) -> str:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    _must_exist(args.experiments, "--experiments", "dir")
-    _check_writable_file(args.json, "--json")
+    must_exist(args.experiments, "--experiments", "dir")
+    check_writable_file(args.json, "--json")
     closed = {"--report": args.report, "--step-time-scale": args.step_time_scale != 1.0, "--headroom": args.headroom}
     if args.mode and (flag := next((f for f, given in closed.items() if given), None)):
         raise InputError(flag, None, f"only with the closed-loop validation; drop --{args.mode}")
     if args.step_scatter != "none":
-        _must_exist(args.step_scatter, "--step-scatter", "dir")
+        must_exist(args.step_scatter, "--step-scatter", "dir")
+    check_not_an_input(args.json, "--json", args)
     report_dir = writable_dir(args.report, "--report") if args.report else None
     entry = _get_entry(args.run_dir, args.id)
     plot_dir = report_dir or _plots_dir(args.run_dir)
@@ -370,7 +332,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         )
     if args.json:
         mode = {"mode": args.mode or "closed-loop", "lomo": args.mode == "lomo"}
-        _write_json(args.json, {"id": entry.id, "expression": entry.expression, **mode, **dict(result)})
+        write_json(args.json, {"id": entry.id, "expression": entry.expression, **mode, **dict(result)})
     scaled = f" (step time x{args.step_time_scale:g})" if args.step_time_scale != 1.0 else ""
     print_validation(console, result, f"Validation of {entry.id}" + (f" ({kind})" if kind else "") + scaled)
     if report_dir is not None:
@@ -392,8 +354,8 @@ def cmd_export_go(args: argparse.Namespace) -> int:
         raise InputError("--name", None, "names a BLIS backend: give it with --blis CHECKOUT")
     from translate_go.targets import check_package_name, choose_deployment
 
-    with _open_store(args.run_dir) as store:
-        entry = store.get(args.id)
+    with open_store(args.run_dir) as store:
+        entry = usable_entry(store, args.id)
         run_dir = Path(store.path).parent
     resolver = _resolver(args)
     deployment, how = choose_deployment(entry, run_dir, resolver, args.model, args.tp, args.gpu)
@@ -423,7 +385,7 @@ def _interruption(exc: KeyboardInterrupt) -> str:
     from archive.rundir import RunDir
     from evolve.crash import TimeLimitReached
 
-    what = f"stopped: {exc}" if isinstance(exc, TimeLimitReached) else "interrupted"
+    what = f"stopped: {exc}" if isinstance(exc, (TimeLimitReached, OutputClosed)) else "interrupted"
     kept = [d for d in _RUN_DIRS if RunDir(d).checkpoint.is_file()]
     if kept:
         return f"{what}; finished generations are kept in {kept[0]} (continue with --resume {kept[0]})"
@@ -432,6 +394,11 @@ def _interruption(exc: KeyboardInterrupt) -> str:
 
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
+
+
+# a path that cannot be used as given (too long, a file where a directory must be, a loop of links,
+# a read-only file system): said in one line like any bad input
+_BAD_PATH_ERRNOS = {errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.EROFS}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -458,7 +425,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # that really dies raises TerminatedWorkerError), so the two-line warning is noise too
     warnings.filterwarnings("ignore", message="A worker stopped while some jobs were given", category=UserWarning)
     try:
-        return int(args.handler(args) or 0)
+        try:
+            with sigterm_as_interrupt():  # SIGTERM ends every command as Ctrl-C does: one line, 130
+                return int(args.handler(args) or 0)
+        finally:
+            kill_workers()  # a pool of simulations (validate) or of the search: none outlives the command
     except InputError as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -470,14 +441,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModuleNotFoundError as exc:  # a missing piece of this build or an optional package: not a user error
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM or the time limit
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, the time limit or a run's output closed
         print(_one_line(_interruption(exc)), file=sys.stderr)
-        return 130
+        return 141 if isinstance(exc, OutputClosed) else 130  # 141: as SIGPIPE would end it
     except BrokenPipeError:
         # the reader went away (e.g. `| head`); silence the flush at exit
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except OSError as exc:
+        if exc.filename and exc.errno in _BAD_PATH_ERRNOS:  # a path given that cannot be used: bad input
+            print(f"error: {exc.filename}: {exc.strerror.lower()}", file=sys.stderr)
+            return 2
+        return _crashed(exc, argv)
     except Exception as exc:  # the last net: one line and a crash log, never a bare traceback
         return _crashed(exc, argv)
 
@@ -491,7 +467,8 @@ def _crashed(exc: Exception, argv: Sequence[str] | None) -> int:
         print(_one_line(_interruption(interrupt)), file=sys.stderr)
         return 130
     if is_disk_full(exc):
-        print(f"error: disk full ({_one_line(exc)}); the archive keeps its last whole generation", file=sys.stderr)
+        kept = "the archive keeps its last whole generation" if _RUN_DIRS else "free some space and run it again"
+        print(f"error: disk full ({_one_line(exc)}); {kept}", file=sys.stderr)
         return 1
     log = write_crash_log(exc, list(argv if argv is not None else sys.argv[1:]))
     where = f"; traceback in {log}" if log else ""

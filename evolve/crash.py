@@ -109,6 +109,14 @@ class TimeLimitReached(KeyboardInterrupt):
     """``--time-limit`` ran out outside the generation loop (set-up, final checks): taken as an interrupt."""
 
 
+class OutputClosed(KeyboardInterrupt):
+    """The reader of the run's standard output went away (``| head``): taken as an interrupt, so
+    the finished generations are checkpointed and resumable, and the run is not marked failed."""
+
+    def __init__(self) -> None:
+        super().__init__("its standard output was closed")
+
+
 def is_time_limit(exc: BaseException) -> bool:
     """EXC is the time limit running out, directly or from inside compiled code."""
     return isinstance(interrupt_behind(exc), TimeLimitReached)

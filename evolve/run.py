@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, NoReturn
 
-from archive.rundir import RunDir, RunLock, record_latest, refuse_used_dir
+from archive.rundir import RunDir, RunLock, check_latest_writable, record_latest, refuse_used_dir
 from archive.store import ArchiveStore
 from evolve.calibration import (
     adopt_refresh,
@@ -207,6 +207,7 @@ def run_search(config: RunConfig, ui, given: frozenset[str] = frozenset(), start
     """
     termination = Termination(config.generations, config.time_limit_s, started_at or time.perf_counter())
     config = resumed_config(config, set(given)) if config.resume else fresh_config(config)
+    check_latest_writable()  # not only at the end of the search
     with time_limit_alarm(termination.remaining_s(), "set-up (loading the inputs, recording trajectories)"):
         return _run(config, ui, termination)
 
@@ -237,8 +238,8 @@ def _run(config: RunConfig, ui, termination: Termination) -> list:
                 run_dir.archive, "--resume", "the run's archive is missing; restore it, or start a new run instead"
             )
         with ArchiveStore(run_dir.archive, create=False, read_only=True) as store:
-            resumed = store.resumable_run()  # whole; its run keeps its id in a renamed directory
-            saved = Search.peek_checkpoint(run_dir.checkpoint, owner)
+            saved = Search.peek_checkpoint(run_dir.checkpoint, owner)  # run.json's run, and its data
+            resumed = store.resumable_run(config.run_token)  # whole; its run keeps its id in a renamed directory
             if config.generations < saved.generation:
                 raise InputError(
                     "--generations", None, f"the run in {root} is at generation {saved.generation}; give at least that"
@@ -262,34 +263,46 @@ def _run(config: RunConfig, ui, termination: Termination) -> list:
     termination.generations = config.generations
 
     signal.setitimer(signal.ITIMER_REAL, 0)  # set-up is over: from here Termination decides
-    root = writable_dir(root, "--run-dir")
+    root = writable_dir(root, "--resume" if config.resume else "--run-dir")
     run_id = resumed.run_id if config.resume else root.name
     meta = {"run_id": run_id, "fingerprint": fingerprint, "seed": config.seed, "config": config.to_dict()}
     # the lock, then the pool (or the Dask connection): a bad --scheduler leaves no half-started run
     with RunLock(root), Evaluator(ctx, config.jobs, config.backend, config.scheduler) as evaluator:
+        run_dir.remove_stale_temporaries()  # of a writer killed in an earlier life of the run
         if not config.resume:
             refuse_used_dir(root)  # again, under the lock: a run that started meanwhile owns it
             atomic_write_json(run_dir.run_config, config.to_dict(), indent=2, sort_keys=True)
-        with ArchiveStore(run_dir.archive) as store:
-            store.start_run(run_id, config.to_dict(), config.seed, fingerprint)
-            try:
-                entries, summary = _search(
-                    config, ctx, names, resolver, replay_model, evaluator, store, meta, termination, owner, ui
-                )
-            except BaseException as exc:
-                interrupt = interrupt_behind(exc)
-                if interrupt is None:
-                    store.finish_run(run_id, {"error": f"{type(exc).__name__}: {exc}"[:500]}, status="failed")
-                    raise
-                if next(r.status for r in store.runs() if r.run_id == run_id) == "running":  # before the loop
-                    store.finish_run(run_id, {"generations": 0}, status="interrupted")
-                record_latest(root)  # the finished generations are kept, and resumable
-                if interrupt is exc:
-                    raise
-                raise interrupt from None
-            summary.update(dataset_fingerprint=fingerprint, kv_sharing=ctx.steps.kv_sharing, run_dir=str(root))
-            store.finish_run(run_id, summary, status="finished" if summary["status"] == "finished" else "interrupted")
-            record_latest(root)
+        try:
+            with ArchiveStore(run_dir.archive) as store:
+                store.start_run(run_id, config.to_dict(), config.seed, fingerprint)
+                try:
+                    entries, summary = _search(
+                        config, ctx, names, resolver, replay_model, evaluator, store, meta, termination, owner, ui
+                    )
+                except BaseException as exc:
+                    interrupt = interrupt_behind(exc)
+                    if interrupt is None:
+                        store.finish_run(run_id, {"error": f"{type(exc).__name__}: {exc}"[:500]}, status="failed")
+                        raise
+                    if not config.resume and not run_dir.checkpoint.is_file():
+                        raise  # no generation finished: the directory goes back to unused, below
+                    if next(r.status for r in store.runs() if r.run_id == run_id) == "running":  # before the loop
+                        store.finish_run(run_id, {"generations": 0}, status="interrupted")
+                    record_latest(root)  # the finished generations are kept, and resumable
+                    if interrupt is exc:
+                        raise
+                    raise interrupt from None
+                summary.update(dataset_fingerprint=fingerprint, kv_sharing=ctx.steps.kv_sharing, run_dir=str(root))
+                status = "finished" if summary["status"] == "finished" else "interrupted"
+                store.finish_run(run_id, summary, status=status)
+                record_latest(root)
+        except BaseException as exc:
+            interrupt = interrupt_behind(exc)
+            if interrupt is not None and not config.resume and not run_dir.checkpoint.is_file():
+                run_dir.forget_unstarted()  # nothing to resume: a rerun may use the directory
+                if interrupt is not exc:
+                    raise interrupt from None
+            raise
     ui.finish(entries, summary)
     return entries
 

@@ -14,6 +14,7 @@ lines, so logs stay readable.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import textwrap
 import time
@@ -23,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
 from archive.entry import ArchiveEntry
+from evolve.crash import OutputClosed
 from evolve.front_view import print_entries
 from evolve.report import (
     ERROR_COLUMNS,
@@ -82,7 +84,12 @@ class RunUI:
         return self._stream if self._stream is not None else sys.stdout
 
     def _plain(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        try:
+            print(text, file=self.stream, flush=True)
+        except BrokenPipeError:
+            if self.stream is sys.stdout:  # what is still to print (and the flush at exit) goes nowhere
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise OutputClosed from None
 
     def start(self, total_generations: int, time_limit_s: float | None = None) -> None:
         self._total = int(total_generations)

@@ -21,6 +21,7 @@ class InputError(Exception):
 def writable_dir(path, option: str):
     """Create ``path`` if needed and make sure we can write there; else one-line InputError."""
     import os
+    import tempfile
     from pathlib import Path
 
     path = Path(path)
@@ -30,6 +31,10 @@ def writable_dir(path, option: str):
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(path, option, f"cannot create the directory ({exc.strerror or exc})") from None
-    if not os.access(path, os.W_OK):
-        raise InputError(path, option, "cannot write there: permission denied")
+    try:  # a real create: os.access says yes to root everywhere, and a read-only mount is not a permission
+        fd, probe = tempfile.mkstemp(prefix=".probe.", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise InputError(path, option, f"cannot write there ({(exc.strerror or str(exc)).lower()})") from None
     return path

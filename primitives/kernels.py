@@ -144,6 +144,11 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
         raise InputError(path, None, f"not a readable CSV table ({exc})") from None
     if not rows:
         raise InputError(path, None, "expected a header and at least one row of timings")
+    for line, row in enumerate(rows, start=2):  # a row short of the header's fields: a file cut mid-row
+        missing = [k for k, v in row.items() if k is not None and v is None]
+        if missing or None in row:
+            got = f"no {', '.join(missing)}" if missing else "more fields than the header names"
+            raise InputError(path, f"line {line}", f"{got}; expected one value per header field (a cut file?)")
     return rows
 
 

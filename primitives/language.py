@@ -21,7 +21,7 @@ import sympy as sp
 from sympy.printing.str import StrPrinter
 
 from primitives.infix_syntax import INFIX_CALLS, check_infix
-from primitives.registry import PRIMITIVE_BY_NAME
+from primitives.registry import CONSTANT_UNITS, PRIMITIVE_BY_NAME
 
 PDIV_EPS = 1e-9
 Token = tuple  # ("op", name) | ("var", name) | ("const", float)
@@ -329,6 +329,19 @@ def parse_infix(text: str) -> sp.Expr:
     local = {name: symbol(name) for name in PRIMITIVE_BY_NAME}
     local.update(INFIX_FUNCTIONS)
     return parse_expr(text, local_dict=local, evaluate=True)
+
+
+def parse_step_formula(text: str) -> sp.Expr:
+    """parse_infix, for an expression that is to be priced or exported: ValueError unless it
+    is finite and every name in it is a primitive or a deployment constant (an archive's text
+    may be edited or old)."""
+    expr = parse_infix(text)
+    unknown = sorted(s.name for s in expr.free_symbols if s.name not in PRIMITIVE_BY_NAME.keys() | CONSTANT_UNITS)
+    if unknown:  # a name no evaluator can price
+        raise ValueError(f"not a primitive: {', '.join(unknown)}")
+    if expr.has(sp.zoo, sp.oo, -sp.oo, sp.nan):  # e.g. 1/0: no step time, nor Go to print
+        raise ValueError("not finite (it divides by zero)")
+    return expr
 
 
 class _InfixPrinter(StrPrinter):

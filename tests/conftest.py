@@ -67,6 +67,16 @@ def work(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.fixture
+def done(work, capsys) -> Path:
+    """A finished tiny run in runs/a (LATEST names it)."""
+    from error_lines import TINY, call
+
+    rc, _, err = call(["run", *TINY, "--run-dir", "runs/a"], capsys)
+    assert rc == 0, err
+    return work / "runs" / "a"
+
+
 @pytest.fixture(scope="session")
 def short_default_run(tmp_path_factory) -> Path:
     """The run directory of one short search on the embedded default data (a small trace

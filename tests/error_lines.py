@@ -17,6 +17,7 @@ from evolve.cli import main
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
 N_ROWS = 40
+TINY = ["--generations", "1", "--population", "8", "--data", "good.csv"]  # a run of seconds, in `work`
 
 
 def good_trace() -> pd.DataFrame:
@@ -54,6 +55,12 @@ def run_evolve(cwd: Path, *args, timeout: float = 120) -> subprocess.CompletedPr
     """``python -m evolve ARGS`` as a user runs it, in ``cwd``."""
     command = [sys.executable, "-m", "evolve", *map(str, args)]
     return subprocess.run(command, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def spawn_evolve(cwd: Path, *args, stdout=subprocess.DEVNULL) -> subprocess.Popen:
+    """``python -m evolve ARGS`` started in ``cwd``, to signal or read while it runs (stderr piped)."""
+    command = [sys.executable, "-m", "evolve", *map(str, args)]
+    return subprocess.Popen(command, cwd=cwd, env=ENV, stdout=stdout, stderr=subprocess.PIPE, text=True)
 
 
 def tiny_run(directory: Path) -> tuple[Path, str, Path]:

@@ -190,6 +190,9 @@ def test_refuses_another_blis_interface(short_run, tmp_path, capsys):
     assert "BLIS checkout" in _error(capsys)
     assert main(["export-go", entry.id, "--blis", str(root), "--name", "roofline", "--run-dir", str(run_dir)]) == 2
     assert "--name" in _error(capsys)
+    (root / "sim" / "latency_model.go").write_bytes(b"package sim\n\xff\xfe")  # not UTF-8
+    assert main(["export-go", entry.id, "--blis", str(root), "--run-dir", str(run_dir)]) == 2
+    assert "latency_model.go: not a text file (byte 12 is not UTF-8)" in _error(capsys)
 
 
 def test_out_refuses_foreign_files_packages_and_keywords(short_run, tmp_path, capsys):

@@ -207,14 +207,14 @@ def test_a_path_this_user_may_not_open_is_one_line_exit_2(project: Path, capsys,
     def refuse(run_dir):
         raise PermissionError(13, "Permission denied", "runs/closed/archive.sqlite")
 
-    monkeypatch.setattr(evolve.cli, "_open_store", refuse)
+    monkeypatch.setattr(evolve.cli, "open_store", refuse)
     assert main(["archive", "list"]) == 2
     assert one_error_line(capsys) == "error: runs/closed/archive.sqlite: permission denied"
 
     def refuse_a_process(run_dir):  # no path: not the user's input, so the crash net with its log
         raise PermissionError(1, "Operation not permitted")
 
-    monkeypatch.setattr(evolve.cli, "_open_store", refuse_a_process)
+    monkeypatch.setattr(evolve.cli, "open_store", refuse_a_process)
     assert main(["archive", "list"]) == 1
     assert "unexpected PermissionError" in capsys.readouterr().err
 

@@ -180,10 +180,16 @@ def _damage_one_row_prefill(k):
     p.write_text("\n".join(p.read_text().splitlines()[:2]) + "\n")
 
 
+def _damage_cut_gemm(k):
+    text = (k / "gemm.csv").read_text()
+    (k / "gemm.csv").write_text(text[: len(text) // 2].rsplit(",", 1)[0])  # cut mid-row, in its third field
+
+
 @pytest.mark.parametrize(
     "damage, what",
     [
         (_damage_empty_gemm, "gemm.csv: the file is empty"),
+        (_damage_cut_gemm, "no latency_us, mfu; expected one value per header field (a cut file?)"),
         (_damage_header_only_decode, "expected a header and at least one row"),
         (_damage_binary_gemm, "not a text file"),
         (_damage_fifo_decode, "expected a file"),

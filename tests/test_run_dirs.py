@@ -15,13 +15,11 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from error_lines import ENV, assert_one_line_error, call
+from error_lines import ENV, TINY, assert_one_line_error, call, spawn_evolve
 
 from archive.rundir import RunLock
 from evolve.config import NUMERIC_PACKAGES
 from evolve.search import Search
-
-TINY = ["--generations", "1", "--population", "8", "--data", "good.csv"]
 
 
 def snapshot(root: Path) -> dict:
@@ -50,14 +48,6 @@ def generations_of(root: Path) -> int:
         return 0
     finally:
         con.close()
-
-
-@pytest.fixture
-def done(work, capsys) -> Path:
-    """A finished run in runs/a (LATEST names it)."""
-    rc, _, err = call(["run", *TINY, "--run-dir", "runs/a"], capsys)
-    assert rc == 0, err
-    return work / "runs" / "a"
 
 
 def test_a_used_run_directory_is_refused_and_left_alone(done, capsys):
@@ -221,17 +211,7 @@ def test_the_lock_keeps_a_second_process_out(work, capsys):
 
 
 def test_two_runs_started_at_once_in_one_directory(work):
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "evolve", "run", *TINY, "--population", "30", "--run-dir", "runs/both"],
-            cwd=work,
-            env=ENV,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
-    ]
+    procs = [spawn_evolve(work, "run", *TINY, "--population", "30", "--run-dir", "runs/both") for _ in range(2)]
     results = [(p.wait(timeout=180), p.stderr.read()) for p in procs]
     assert sorted(rc for rc, _ in results) == [0, 2], results
     refused = next(err for rc, err in results if rc == 2)
@@ -293,15 +273,10 @@ def test_a_kill_during_run_json_replacement_leaves_old_or_new(tmp_path):
 
 
 def test_sigterm_checkpoints_and_stops_within_seconds(work):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "evolve", "run", "--generations", "500", "--population", "40"]
-        + ["--data", "good.csv", "--run-dir", "runs/t", "--jobs", "2", "--checkpoint-every", "1"],
-        cwd=work,
-        env=ENV,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = spawn_evolve(
+        work, "run", "--generations", "500", "--population", "40", "--data", "good.csv", "--run-dir", "runs/t",
+        "--jobs", "2", "--checkpoint-every", "1",
+    )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
         while not generations_of(work / "runs" / "t"):

@@ -47,6 +47,10 @@ def _read(root: Path, rel: str) -> str:
         return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise InputError(path, None, f"expected a BLIS checkout file here ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:  # a binary or other-encoded file where BLIS keeps Go source
+        raise InputError(
+            path, None, f"not a text file (byte {exc.start} is not UTF-8); expected BLIS's Go source"
+        ) from None
 
 
 def _interface_methods(text: str) -> list[str] | None:

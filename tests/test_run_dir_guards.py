@@ -1,0 +1,202 @@
+"""What a command writes never replaces what it reads, and a run directory is either a run
+that can go on or unused: --json refuses the run's files and the inputs; --resume refuses an
+archive copied in from another run; an interrupt before the first generation leaves the
+directory reusable; runs started in one second take two default names; a run whose
+output is closed stops as an interrupted one."""
+
+import json
+import shutil
+import sqlite3
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from error_lines import TINY, assert_one_line_error, call, spawn_evolve
+
+from archive.rundir import default_run_dir, drop_if_unused
+from evolve.search import Search
+
+
+def _first_id(done: Path, capsys) -> str:
+    return json.loads(call(["archive", "list", "--json", "--run-dir", done], capsys)[1])[0]["id"]
+
+
+@pytest.mark.parametrize(
+    "target, needle",
+    [("runs/a/archive.sqlite", "the run's archive"), ("runs/a/run.json", "the run's settings"), ("good.csv", "--data")],
+)
+def test_json_never_replaces_what_the_command_reads(target, needle, done, work, capsys):
+    entry = _first_id(done, capsys)
+    before = Path(target).read_bytes()
+    rc, _, err = call(["score", entry, "--data", "good.csv", "--run-dir", done, "--json", target], capsys)
+    assert_one_line_error(rc, err, target, "--json", "would overwrite", needle)
+    assert Path(target).read_bytes() == before
+    rc, _, err = call(["score", entry, "--data", "good.csv", "--run-dir", done, "--json", "score.json"], capsys)
+    assert rc == 0 and json.loads(Path("score.json").read_text())["id"] == entry, err
+
+
+def test_json_never_goes_inside_an_input_directory(done, work, capsys):
+    (work / "exps").mkdir()
+    rc, _, err = call(
+        ["validate", _first_id(done, capsys), "--experiments", "exps", "--run-dir", done, "--json", "exps/out.json"],
+        capsys,
+    )
+    assert_one_line_error(rc, err, "exps/out.json", "an input of --experiments")
+    assert not (work / "exps" / "out.json").exists()
+
+
+def test_a_resume_refuses_the_archive_of_another_run(done, work, capsys):
+    assert call(["run", *TINY, "--run-dir", "runs/b", "--seed", "1"], capsys)[0] == 0
+    shutil.copyfile(work / "runs" / "b" / "archive.sqlite", done / "archive.sqlite")
+    before = (done / "archive.sqlite").read_bytes()
+    rc, _, err = call(["run", "--generations", "2", "--resume", "runs/a"], capsys)
+    assert_one_line_error(rc, err, "archive.sqlite", "run_token", "holds run 'b' of another search")
+    assert (done / "archive.sqlite").read_bytes() == before
+
+
+def _interrupt_at_once(monkeypatch) -> None:
+    """Ctrl-C while the first population is scored: no checkpoint yet."""
+
+    def interrupted(search):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Search, "initialise", interrupted)
+
+
+def test_an_interrupt_before_the_first_generation_leaves_the_directory_unused(work, capsys, monkeypatch):
+    _interrupt_at_once(monkeypatch)
+    rc, _, err = call(["run", *TINY, "--run-dir", "runs/i"], capsys)
+    assert rc == 130 and err.strip() == "interrupted; nothing was written", err
+    assert [p.name for p in (work / "runs" / "i").iterdir()] == [".lock"]  # the lock is not a run
+    assert not (work / "runs" / "LATEST").exists()
+    monkeypatch.undo()
+    monkeypatch.chdir(work)
+    rc, _, err = call(["run", *TINY, "--run-dir", "runs/i"], capsys)  # the same name runs again
+    assert rc == 0, err
+    assert Search.peek_checkpoint(work / "runs" / "i" / "checkpoint.pkl").generation == 1
+
+
+def test_an_interrupted_run_in_a_default_directory_leaves_no_directory(work, capsys, monkeypatch):
+    _interrupt_at_once(monkeypatch)
+    rc, _, err = call(["run", *TINY], capsys)
+    assert rc == 130 and "nothing was written" in err, err
+    assert list((work / "runs").iterdir()) == []
+
+
+def test_runs_started_in_one_second_take_two_names(tmp_path):
+    now = datetime(2026, 11, 28, 13, 0, 0, tzinfo=timezone.utc)
+    first, second = (default_run_dir(3, base=tmp_path, now=now, reserve=True) for _ in range(2))
+    assert (first.name, second.name) == ("20261128T130000Z-seed3", "20261128T130000Z-seed3-2")
+    assert first.is_dir() and second.is_dir()
+    (second / "run.json").write_text("{}")
+    drop_if_unused(first)
+    drop_if_unused(second)
+    assert not first.exists() and second.is_dir()  # only a directory with nothing of a run goes
+
+
+def test_a_directory_whose_run_failed_before_a_checkpoint_says_how_to_reuse_it(work, capsys, monkeypatch):
+    def boom(self):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(Search, "initialise", boom)  # before the first checkpoint
+    rc, _, err = call(["run", *TINY, "--run-dir", "runs/c"], capsys)
+    assert rc == 1
+    Path(err.strip().rsplit("traceback in ", 1)[1]).unlink()
+    con = sqlite3.connect(f"file:{work / 'runs' / 'c' / 'archive.sqlite'}?mode=ro", uri=True)
+    assert [s for (s,) in con.execute("SELECT status FROM runs")] == ["failed"]  # the failure is kept
+    con.close()
+    monkeypatch.undo()
+    monkeypatch.chdir(work)
+    rc, _, err = call(["run", *TINY, "--run-dir", "runs/c"], capsys)
+    assert_one_line_error(rc, err, "runs/c", "not empty", "remove them or choose a new --run-dir")
+
+
+def test_a_run_whose_output_is_closed_stops_resumable(work):
+    """`evolve run | head -1`: the run stops as an interrupt does (checkpoint, status
+    interrupted, one line on stderr naming --resume, exit 141 as SIGPIPE gives), not failed."""
+    proc = spawn_evolve(work, "run", *TINY[:1], "50", *TINY[2:], "--run-dir", "runs/p", stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().startswith("search:")
+        proc.stdout.close()
+        rc = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read()
+    assert rc == 141 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("stopped: its standard output was closed") and "--resume runs/p" in err, err
+    con = sqlite3.connect(f"file:{work / 'runs' / 'p' / 'archive.sqlite'}?mode=ro", uri=True)
+    assert [s for (s,) in con.execute("SELECT status FROM runs")] == ["interrupted"]
+    con.close()
+
+
+def test_a_full_disk_outside_a_run_does_not_speak_of_the_archive(work, capsys, monkeypatch):
+    import errno
+
+    import evolve.cli
+
+    def full(args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(evolve.cli, "cmd_export_go", full)
+    rc, _, err = call(["export-go", "x", "--out", "go"], capsys)
+    assert (
+        rc == 1
+        and err.strip() == "error: disk full ([Errno 28] No space left on device); free some space and run it again"
+    )
+
+
+@pytest.mark.parametrize("damage, needle", [("file", "runs: is not a directory"), ("dir", "LATEST: is a directory")])
+def test_a_runs_folder_latest_cannot_name_is_refused_before_the_search(damage, needle, work, capsys, monkeypatch):
+    if damage == "file":
+        (work / "runs").write_text("")
+    else:
+        (work / "runs" / "LATEST").mkdir(parents=True)
+    monkeypatch.setattr(Search, "initialise", lambda self: pytest.fail("the search started"))
+    rc, _, err = call(["run", *TINY], capsys)
+    assert_one_line_error(rc, err, needle)
+
+
+def test_a_resume_removes_what_a_killed_writer_left_half_written(done, capsys):
+    stale = done / ".checkpoint.pkl.k1ll3d.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    rc, _, err = call(["run", "--generations", "2", "--resume", "runs/a"], capsys)
+    assert rc == 0, err
+    assert not stale.exists() and not list(done.glob(".*.tmp"))
+
+
+def test_sigterm_ends_any_command_in_one_line(work, capsys, monkeypatch):
+    import os
+    import signal
+    import time
+
+    import evolve.cli
+
+    def terminated(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the signal arrives first
+        pytest.fail("SIGTERM did not stop the command")
+
+    monkeypatch.setattr(evolve.cli, "cmd_validate", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    rc, _, err = call(["validate", "x", "--experiments", "."], capsys)
+    assert rc == 130 and err.strip() == "interrupted", err
+    assert signal.getsignal(signal.SIGTERM) is before  # the command's handler is gone with it
+
+
+def test_a_directory_on_a_read_only_mount_says_so(tmp_path, monkeypatch):
+    """Root writes through permission bits, not through a read-only mount: a real create decides."""
+    import errno
+    import tempfile
+
+    from primitives.errors import InputError, writable_dir
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    with pytest.raises(InputError) as caught:
+        writable_dir(tmp_path, "--resume")
+    assert str(caught.value) == f"{tmp_path}: --resume: cannot write there (read-only file system)"
