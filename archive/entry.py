@@ -87,8 +87,9 @@ def _each(values, name: str, kinds: tuple[type, ...], what: str = " items") -> N
 
 def check_run_config(config: dict) -> None:
     """ValueError naming the field where a run's stored configuration holds what the commands
-    that price its models with (the seed of its draws, its efficiency bounds, its step scatter)
-    cannot use. Its inputs' paths are not: data that moved or a damaged path only means the
+    that price its models with read (the seed of its draws, its efficiency bounds) but cannot
+    use; its step scatter is checked by ``fitness.step_scatter.StepScatter.from_dict``. Its
+    inputs' paths are not checked: data that moved or a damaged path only means the
     deployments it saw cannot be told (``archive.rundir.fitted_deployments``)."""
 
     def number(name: str, value: object) -> None:
@@ -109,5 +110,3 @@ def check_run_config(config: dict) -> None:
             raise ValueError(f"{key}: expected a mapping of primitive to a number, got {found!r:.60}")
         for name, value in (found or {}).items():
             number(f"{key}.{name}", value)
-    if config.get("step_scatter") is not None and not isinstance(config["step_scatter"], dict):
-        raise ValueError(f"step_scatter: expected a mapping, got {config['step_scatter']!r:.60}")

@@ -12,28 +12,30 @@ figures; it asserts nothing (speed is shown here, never in timed tests).
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evolve.evaluator import Evaluator  # noqa: E402
-from evolve.toolbox import build_pset, tree_to_program  # noqa: E402
-from fitness.dataset import StepTable  # noqa: E402
-from fitness.scoring import FitnessContext, score_program  # noqa: E402
-from primitives.compute import constant_columns, kernel_binding, primitive_columns  # noqa: E402
-from primitives.deployment import default_resolver  # noqa: E402
-from primitives.registry import AGGREGATE_FEATURES, supported_primitives  # noqa: E402
+from evolve.cli_parser import OneLineParser, positive_int  # noqa: E402
+
+if TYPE_CHECKING:
+    from fitness.dataset import StepTable
 
 
 def synthetic_table(n_rows: int, seed: int = 0) -> StepTable:
     """Random but plausible batches over the four deployments, with a physics target."""
+    from fitness.dataset import StepTable
+    from primitives.compute import constant_columns, kernel_binding, primitive_columns
+    from primitives.deployment import default_resolver
+    from primitives.registry import AGGREGATE_FEATURES, supported_primitives
+
     rng = np.random.default_rng(seed)
     r = default_resolver()
     deps = [
@@ -72,11 +74,15 @@ def _wall_and_cpu(fn) -> tuple[float, float]:
     return time.perf_counter() - w, time.process_time() - c
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=100_000)
-    ap.add_argument("--population", type=int, default=500)
-    args = ap.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    ap = OneLineParser(prog="python benchmarks/bench_fitness.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=positive_int, default=100_000, metavar="N", help="step rows (default 100000)")
+    ap.add_argument("--population", type=positive_int, default=500, metavar="P", help="random trees (default 500)")
+    args = ap.parse_args(argv)  # bad input stops here, before the slow imports and work below
+    from evolve.evaluator import Evaluator
+    from evolve.toolbox import build_pset, tree_to_program
+    from fitness.scoring import FitnessContext, score_program
+
     table = synthetic_table(args.rows)
     ctx = FitnessContext(table)
     pset = build_pset(table.primitive_names)

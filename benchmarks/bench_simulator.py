@@ -23,7 +23,6 @@ import os
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-import argparse  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -33,6 +32,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from evolve.cli_parser import OneLineParser, seed_arg  # noqa: E402
 from fitness.sim.engine import simulate  # noqa: E402
 from fitness.sim.models import ExpressionLatencyModel  # noqa: E402
 from fitness.sim.replay import evaluate_weights, metric_weights, replay  # noqa: E402
@@ -122,10 +122,10 @@ def _pct(sim, obs) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--experiments", default=str(shared_data_root() / "data" / "experiments"))
+    ap = OneLineParser(prog="python benchmarks/bench_simulator.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--experiments", default=str(shared_data_root() / "data" / "experiments"), metavar="DIR")
     ap.add_argument("--only-speed", action="store_true", help="skip the per-experiment sanity table")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=seed_arg, default=0, metavar="S")
     args = ap.parse_args(argv)
     try:
         specs = find_experiments(args.experiments)
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     # 1. closed-loop speed ----------------------------------------------------------
     big = next((s for s in specs if s.name.endswith(SPEED_EXPERIMENT)), None)
     if big is None:
-        print(f"no experiment named *{SPEED_EXPERIMENT} under {args.experiments}", file=sys.stderr)
+        print(f"error: {args.experiments}: --experiments: no experiment named *{SPEED_EXPERIMENT}", file=sys.stderr)
         return 2
     closed_loop_speed(big, resolver.resolve(big.model, big.tp), args.seed)
 

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         specs = {s.name: s for s in find_experiments(experiments)}
         starts = measured_starts(data, resolver, entry, experiments, specs, args.draws)
     except InputError as err:
-        print(err, file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"a fresh server's start, measured in the traces, with {entry.id} ({args.draws} draws)")
     for (model, tp), (window_ratios, stall_s) in sorted(starts.items()):

@@ -24,10 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evolve.cli_parser import OneLineParser  # noqa: E402
-from evolve.report import display_expression  # noqa: E402
-from evolve.validation_view import experiment_label, fmt_share, fmt_value  # noqa: E402
+from evolve.cli_parser import OneLineParser, number_arg, positive_int  # noqa: E402
 
+share_arg = number_arg(float, lambda v: v >= 0, "a share >= 0 (0.10: 10%)", "a number")
 METRICS = (("e2e_mean_pred_s", "E2E s", 1.0), ("ttft_mean_pred_s", "TTFT s", 1.0), ("itl_mean_pred_s", "ITL ms", 1e3))
 
 
@@ -70,6 +69,8 @@ def distinct(
 
 def spread_lines(predictions: dict[str, list[dict]], recommended: str | None = None) -> list[str]:
     """Per experiment, a line per model (id -> its ``closed_loop_runs``) and one of the range; 80 columns."""
+    from evolve.validation_view import experiment_label, fmt_share, fmt_value
+
     header = f"  {'model':<14}{'E2E s':>12}{'TTFT s':>12}{'ITL ms':>12}{'failed':>12}{'fit E2E':>9}"
     by_experiment: dict[str, list[tuple[str, dict]]] = {}
     for model, items in predictions.items():
@@ -101,13 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="python benchmarks/front_spread.py", description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", required=True, metavar="DIR", help="a replay run's directory")
     ap.add_argument("--experiments", required=True, type=Path, metavar="DIR", help="the experiments folder")
-    ap.add_argument("--max-e2e", type=float, default=0.10, metavar="F", help="worst mean-E2E error kept (0.10)")
-    ap.add_argument("--jobs", type=int, default=2, metavar="J", help="parallel simulations (2)")
+    ap.add_argument("--max-e2e", type=share_arg, default=0.10, metavar="F", help="worst mean-E2E error kept (0.10)")
+    ap.add_argument("--jobs", type=positive_int, default=2, metavar="J", help="parallel simulations (2)")
     args = ap.parse_args(argv)
 
     from archive.rundir import locate_archive
     from archive.select import recommend
     from archive.store import ArchiveStore
+    from evolve.report import display_expression
     from fitness.step_scatter import run_scatter
     from fitness.validate import ClosedLoopSettings, closed_loop_runs, same_model
     from primitives.data.experiments import find_experiments

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         specs = {s.name: s for s in find_experiments(experiments)}
         priced_s = trace_prices_us(data, resolver, entry, experiments) / 1e6
     except InputError as err:
-        print(err, file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 2
     for name in sorted(data.steps["experiment"].unique()):
         spec = specs.get(name)

@@ -33,8 +33,8 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import ast
+import importlib.util
 import json
 import os
 import subprocess
@@ -42,17 +42,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fitness.dataset import StepTable, build_step_table  # noqa: E402
+from evolve.cli_parser import OneLineParser, positive_float, positive_int, seed_arg  # noqa: E402
 from primitives.data.roots import shared_data_root  # noqa: E402
-from primitives.data.traces import load_steps  # noqa: E402
-from primitives.deployment import default_resolver  # noqa: E402
-from primitives.registry import AGGREGATE_FEATURES, supported_primitives  # noqa: E402
+from primitives.errors import InputError  # noqa: E402
+
+if TYPE_CHECKING:
+    from fitness.dataset import StepTable
 
 COMPLEXITY_CAPS = (10, 20, 40)
 HV_COMPLEXITY_SCALE = 40.0
@@ -61,10 +63,21 @@ SYSTEMS = ("stepsynth", "pyoperon", "gplearn")
 
 
 # --- data ---------------------------------------------------------------------------
-def load_table() -> tuple[StepTable, Path]:
+def shared_steps() -> Path:
+    """The shared step traces' folder; InputError where it holds none."""
     data_dir = shared_data_root() / "data" / "steps"
     if not (data_dir / "step_traces.parquet").is_file():
-        sys.exit(f"shared step traces not found in {data_dir} (set STEPSYNTH_SHARED to the shared/ folder)")
+        raise InputError(data_dir, None, "no shared step traces (step_traces.parquet) here; set STEPSYNTH_SHARED")
+    return data_dir
+
+
+def load_table() -> tuple[StepTable, Path]:
+    data_dir = shared_steps()
+    from fitness.dataset import build_step_table
+    from primitives.data.traces import load_steps
+    from primitives.deployment import default_resolver
+    from primitives.registry import AGGREGATE_FEATURES, supported_primitives
+
     data = load_steps([data_dir])
     names = supported_primitives(data.available_features)
     assert set(names) == set(supported_primitives(AGGREGATE_FEATURES))  # real traces: aggregates only
@@ -388,19 +401,31 @@ def markdown(rows: list[dict], budget_s: float, jobs: int) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--budget", type=float, default=120.0, help="wall-clock seconds per system (default 120)")
-    ap.add_argument("--jobs", type=int, default=2, help="cores per system (default 2)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap = OneLineParser(prog="python benchmarks/peers.py", description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--budget", type=positive_float, default=120.0, metavar="SEC", help="wall-clock seconds per system (120)"
+    )
+    ap.add_argument("--jobs", type=positive_int, default=2, metavar="J", help="cores per system (default 2)")
+    ap.add_argument("--seed", type=seed_arg, default=0, metavar="S")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
     ap.add_argument("--json", metavar="FILE", help="also write every front to FILE")
     args = ap.parse_args(argv)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = set(systems) - set(SYSTEMS)
-    if unknown:
-        ap.error(f"unknown systems {sorted(unknown)}; expected some of {list(SYSTEMS)}")
+    if unknown or not systems:
+        got = f"unknown systems {sorted(unknown)}" if unknown else "none"
+        ap.error(f"--systems: expected some of {list(SYSTEMS)}, got {got}")
+    missing = [s for s in systems if s != "stepsynth" and importlib.util.find_spec(s) is None]
+    if missing:
+        ap.error(f"--systems: {', '.join(missing)} not installed (pip install {' '.join(missing)})")
+    from evolve.cli_files import check_writable_file
 
-    table, data_dir = load_table()
+    try:  # every input and the output checked before the long runs
+        check_writable_file(args.json, "--json")
+        table, data_dir = load_table()
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     n_tr, n_te = int(table.is_train.sum()), int((~table.is_train).sum())
     print(
         f"data: {data_dir} ({len(table.experiment_names)} experiments, {n_tr} training / {n_te} held-out "

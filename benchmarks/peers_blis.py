@@ -29,7 +29,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -43,17 +42,14 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from archive.rundir import RunDir  # noqa: E402
+from archive.rundir import RunDir, locate_archive  # noqa: E402
 from archive.select import recommend  # noqa: E402
 from archive.store import ArchiveStore  # noqa: E402
+from evolve.cli_parser import OneLineParser, positive_int  # noqa: E402
 from fitness.sim.loadgen import DEFAULT_EVENT_GAP_US, EVENTS_PER_TOKEN  # noqa: E402
-from fitness.validate import ClosedLoopSettings, closed_loop_runs, same_model  # noqa: E402
 from primitives.data.experiments import find_experiments  # noqa: E402
 from primitives.data.roots import shared_data_root  # noqa: E402
-from primitives.deployment import canonical_model_key, default_resolver  # noqa: E402
-from translate_go.blis_export import export_blis  # noqa: E402
-from translate_go.targets import choose_deployment  # noqa: E402
-from translate_go.toolchain import run_go  # noqa: E402
+from primitives.errors import InputError  # noqa: E402
 
 # column key -> (label, BLIS backend or None for the project's simulator, prompts reused)
 COLUMNS = {
@@ -118,6 +114,10 @@ def client_means(requests: list[dict], injected: int) -> dict:
 
 def prepare_blis(source: Path, work: Path, entry, run_dir: Path, resolver) -> tuple[Path, Path]:
     """A copy of the checkout with the entry as backend ``stepsynth``, built; (checkout, binary)."""
+    from translate_go.blis_export import export_blis
+    from translate_go.targets import choose_deployment
+    from translate_go.toolchain import run_go
+
     checkout = work / "blis"
     shutil.copytree(source, checkout, symlinks=True)
     subprocess.run(["chmod", "-R", "u+w", str(checkout)], check=True)
@@ -131,6 +131,8 @@ def prepare_blis(source: Path, work: Path, entry, run_dir: Path, resolver) -> tu
 
 def model_folder(work: Path, spec, resolver) -> Path:
     """The project's config.json of the experiment's model, for every backend alike."""
+    from primitives.deployment import canonical_model_key
+
     cfg, _ = resolver.catalog.configs[canonical_model_key(spec.model)]
     folder = work / "models" / canonical_model_key(spec.model)
     folder.mkdir(parents=True, exist_ok=True)
@@ -172,6 +174,9 @@ def compare_all(
     keep: Path | None = None,
     columns: tuple[str, ...] = tuple(COLUMNS),
 ) -> list[dict]:
+    from fitness.validate import ClosedLoopSettings, closed_loop_runs, same_model
+    from primitives.deployment import default_resolver
+
     resolver = default_resolver()
     with ArchiveStore(RunDir(run_dir).archive, create=False) as store:
         entry = store.get(entry_id) if entry_id else recommend(store.front())
@@ -232,13 +237,81 @@ def print_table(rows: list[dict]) -> None:
             print(f"  {row['experiment']}: E2E {diff[0]}, TTFT {diff[1]}, ITL {diff[2]}; {fails}")
 
 
+def merged_rows(paths: list[Path]) -> list[dict]:
+    """The rows of earlier --json outputs, side by side; InputError naming a file that is not one."""
+    parts = []
+    for path in paths:
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise InputError(path, "--merge", f"cannot read it ({e.strerror})") from None
+        except UnicodeDecodeError:
+            raise InputError(path, "--merge", "not UTF-8 text; expected what --json writes") from None
+        except json.JSONDecodeError as e:
+            raise InputError(
+                path, "--merge", f"not JSON ({e.msg}, line {e.lineno}); expected what --json writes"
+            ) from None
+        bad = _merge_problem(rows)
+        if bad:
+            raise InputError(path, "--merge", f"{bad}; expected the rows --json writes")
+        names = [r["experiment"] for r in rows]
+        if parts and names != [r["experiment"] for r in parts[0]]:
+            raise InputError(path, "--merge", f"other experiments than {paths[0]}; expected the same ones")
+        parts.append(rows)
+    return [{k: v for part in row_parts for k, v in part.items()} for row_parts in zip(*parts, strict=True)]
+
+
+def _merge_problem(rows) -> str | None:
+    """What keeps ROWS from being a --json output (None: nothing)."""
+    if not isinstance(rows, list) or not rows:
+        return "not a list of rows" if not isinstance(rows, list) else "no rows"
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or not isinstance(row.get("experiment"), str):
+            return f"row {i} has no experiment"
+        if not isinstance(row.get("observed"), dict) or "failures" not in row["observed"]:
+            return f"row {i} has no observed figures"
+        for key in (k for k in COLUMNS if k in row):
+            errors = row[key].get("errors") if isinstance(row[key], dict) else None
+            numbers = isinstance(errors, dict) and all(
+                m in errors and (errors[m] is None or type(errors[m]) in (int, float)) for m in METRICS
+            )
+            if not numbers:
+                return f"row {i}: {key} has no errors of {', '.join(METRICS)}"
+    return None
+
+
+def check_inputs(args) -> None:
+    """Every input and output of a comparison, before the slow simulations and BLIS's build."""
+    from evolve.cli_files import check_writable_file
+    from translate_go.blis_checkout import check_checkout
+
+    if args.run_dir.is_file():
+        raise InputError(args.run_dir, "--run-dir", "expected a run directory (not its archive file)")
+    with ArchiveStore(locate_archive(args.run_dir), create=False, read_only=True) as store:
+        try:
+            if args.id:
+                store.get(args.id)
+            else:
+                recommend(store.front())
+        except ValueError as exc:  # no front to recommend from
+            raise InputError(args.run_dir, "--run-dir", f"no recommended entry ({exc}); pass --id") from None
+    try:
+        find_experiments(args.experiments)
+    except InputError as err:
+        raise InputError(err.path, err.field, f"{err.expected} (--experiments)") from None
+    check_checkout(args.blis)  # built whatever the columns
+    if args.work is not None and args.work.exists() and (not args.work.is_dir() or any(args.work.iterdir())):
+        raise InputError(args.work, "--work", "expected a new (or empty) folder")
+    check_writable_file(args.json, "--json")
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="python benchmarks/peers_blis.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--experiments", type=Path, metavar="DIR")
     ap.add_argument("--run-dir", type=Path, metavar="RUN", help="run directory holding the entry")
     ap.add_argument("--id", metavar="ENTRY", help="archive entry (default: the run's recommended one)")
     ap.add_argument("--blis", type=Path, default=shared_data_root() / "blis", metavar="CHECKOUT", help="read only")
-    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--jobs", type=positive_int, default=2, metavar="J")
     ap.add_argument("--json", type=Path, metavar="FILE", help="also write every figure here")
     ap.add_argument("--work", type=Path, metavar="DIR", help="keep BLIS's copy, specs and outputs here (new folder)")
     ap.add_argument("--columns", default=",".join(COLUMNS), help=f"some of {','.join(COLUMNS)} (default: all)")
@@ -248,14 +321,17 @@ def main(argv=None) -> int:
     unknown = sorted(set(columns) - set(COLUMNS))
     if unknown:
         ap.error(f"unknown --columns {unknown}; expected some of {list(COLUMNS)}")
-    if args.merge:  # print the table of earlier --json outputs side by side
-        rows = [json.loads(p.read_text()) for p in args.merge]
-        merged = [{k: v for part in parts for k, v in part.items()} for parts in zip(*rows, strict=True)]
-        print_table(merged)
-        return 0
-    if args.experiments is None or args.run_dir is None:
+    if not args.merge and (args.experiments is None or args.run_dir is None):
         ap.error("--experiments and --run-dir are required")
-    rows = compare_all(args.experiments, args.run_dir, args.id, args.blis, args.jobs, args.work, columns)
+    try:
+        if args.merge:  # print the table of earlier --json outputs side by side
+            print_table(merged_rows(args.merge))
+            return 0
+        check_inputs(args)
+        rows = compare_all(args.experiments, args.run_dir, args.id, args.blis, args.jobs, args.work, columns)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print_table(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

@@ -19,23 +19,14 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fitness.dataset import build_step_table  # noqa: E402
-from fitness.efficiency import DEFAULT_EFFICIENCY_BOUNDS, as_bounds  # noqa: E402
-from fitness.kv_sharing import trace_kv_sharing  # noqa: E402
-from fitness.physics_check import bound_flag, term_efficiencies  # noqa: E402
-from fitness.scoring import FitnessContext, fit_terms, sympy_term_intervals  # noqa: E402
-from fitness.validate import SympyTerm, split_terms  # noqa: E402
+from evolve.cli_parser import OneLineParser  # noqa: E402
 from primitives.data.roots import shared_data_root  # noqa: E402
-from primitives.data.traces import load_steps  # noqa: E402
-from primitives.deployment import default_resolver  # noqa: E402
-from primitives.kernels import efficiency_caps, efficiency_floors  # noqa: E402
-from primitives.language import parse_infix  # noqa: E402
+from primitives.errors import InputError  # noqa: E402
 
 MODELS = {
     "old (datasheet)": "weight_time_us + matmul_time_us + kv_io_time_us + allreduce_calls + 1",
@@ -46,17 +37,38 @@ MODELS = {
 }
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = OneLineParser(prog="python benchmarks/primitives_table.py", description=__doc__.splitlines()[0])
     ap.add_argument(
         "--shared", type=Path, default=None, help="the shared folder (default: $STEPSYNTH_SHARED or ../shared)"
     )
     ap.add_argument("--no-kv-sharing", action="store_true", help="fit on the traces' distinct-block KV as is")
-    args = ap.parse_args()
-    root = (args.shared or shared_data_root()) / "data"
-    data = load_steps([root / "steps"])
-    resolver = default_resolver()
-    sharing = {} if args.no_kv_sharing else trace_kv_sharing(data, root / "experiments", resolver, 0)
+    args = ap.parse_args(argv)
+    shared = args.shared or shared_data_root()
+    root = shared / "data"
+    if not (root / "steps").is_dir():
+        what = "no such folder" if not shared.exists() else "no data/steps folder in it"
+        option = "--shared" if args.shared else "the shared folder (--shared, or set STEPSYNTH_SHARED)"
+        print(f"error: {shared}: {option}: {what}; expected the shared folder", file=sys.stderr)
+        return 2
+    from fitness.dataset import build_step_table
+    from fitness.efficiency import DEFAULT_EFFICIENCY_BOUNDS, as_bounds
+    from fitness.kv_sharing import trace_kv_sharing
+    from fitness.physics_check import bound_flag, term_efficiencies
+    from fitness.scoring import FitnessContext, fit_terms, sympy_term_intervals
+    from fitness.validate import SympyTerm, split_terms
+    from primitives.data.traces import load_steps
+    from primitives.deployment import default_resolver
+    from primitives.kernels import efficiency_caps, efficiency_floors
+    from primitives.language import parse_infix
+
+    try:  # the inputs, read before anything is fitted or printed
+        data = load_steps([root / "steps"])
+        resolver = default_resolver()
+        sharing = {} if args.no_kv_sharing else trace_kv_sharing(data, root / "experiments", resolver, 0)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     names = sorted({s.name for text in MODELS.values() for s in parse_infix(text).free_symbols})
     table = build_step_table(data, resolver, names, 0.2, sharing)
     gpus = [d.gpu for d in table.deployments]

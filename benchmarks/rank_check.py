@@ -14,21 +14,23 @@ depends on the summation: NSGA-II then keeps one or the other, and the searches 
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evolve import evaluator  # noqa: E402
-from evolve.cli import main as cli_main  # noqa: E402
-from fitness.scoring import score_program  # noqa: E402
-from primitives.language import canonical  # noqa: E402
+from evolve.cli_parser import OneLineParser, positive_int, seed_arg  # noqa: E402
 
 
 def _run(fused: bool, generations: int, seed: int, run_dir: str) -> list:
     """The search's own output (its front) goes to stdout; returns every batch of scores."""
+    from evolve import evaluator
+    from evolve.cli import main as cli_main
+    from fitness.scoring import score_program
+    from primitives.language import canonical
+
     batches: list = []
     original = evaluator.Evaluator.score
 
@@ -46,19 +48,22 @@ def _run(fused: bool, generations: int, seed: int, run_dir: str) -> list:
         evaluator.score_many = plain_many
     try:
         args = ["run", "--generations", str(generations), "--seed", str(seed), "--run-dir", run_dir]
-        cli_main(args)
+        rc = cli_main(args)
+        if rc:  # the search said why, in one line
+            raise SystemExit(rc)
     finally:
         evaluator.Evaluator.score = original
         evaluator.score_many = many
     return batches
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--generations", type=int, default=50)
-    ap.add_argument("--seed", type=int, default=3)
-    args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
+def main(argv: list[str] | None = None) -> None:
+    ap = OneLineParser(prog="python benchmarks/rank_check.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--generations", type=positive_int, default=50, metavar="N")
+    ap.add_argument("--seed", type=seed_arg, default=3, metavar="S")
+    args = ap.parse_args(argv)
+    # in a temporary folder: the searches' runs/LATEST goes there, not into the caller's runs/
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
         plain = _run(False, args.generations, args.seed, f"{tmp}/plain")
         fused = _run(True, args.generations, args.seed, f"{tmp}/fused")
     first = next(

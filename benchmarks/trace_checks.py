@@ -285,16 +285,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if (args.run_dir is None) != (args.id is None):
-        print("--run-dir and --id: give both (checks 2 and 3) or neither", file=sys.stderr)
-        return 2
+        ap.error("--run-dir and --id: give both (checks 2 and 3) or neither")
     if args.run_dir is None and (args.step_scatter is not None or args.draws is not None):
-        print("--draws and --step-scatter are options of check 3: give --run-dir and --id too", file=sys.stderr)
-        return 2
+        ap.error("--draws and --step-scatter are options of check 3: give --run-dir and --id too")
     steps_dir = args.data or args.shared / "data" / "steps"
     experiments = args.shared / "data" / "experiments"
     try:  # every input is read and every table is made before anything is printed
         entry = archived_entry(args.run_dir, args.id) if args.run_dir is not None else None
-        data = load_steps([steps_dir])
+        try:
+            data = load_steps([steps_dir])
+        except InputError as err:
+            option = "--data" if args.data is not None else "--shared"
+            raise InputError(err.path, err.field, f"{err.expected} ({option})") from None
         resolver = default_resolver()
         scatter = run_scatter(entry.run_config) if entry is not None else None
         if args.step_scatter is not None:
@@ -310,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             specs = {s.name: s for s in find_experiments(experiments)} if experiments.is_dir() else {}
             tables.append(queue_by_stage(data, specs, resolver, entry, args.draws or QUEUE_DRAWS, scatter))
     except InputError as err:
-        print(err, file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 2
     print("\n\n".join("\n".join(table) for table in tables))
     return 0

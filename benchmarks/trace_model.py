@@ -51,3 +51,11 @@ def trace_prices_us(data, resolver, entry, experiments: Path | None) -> np.ndarr
     sharing = trace_kv_sharing(data, experiments, resolver, run_seed(entry.run_config)) if experiments else None
     table = build_step_table(data, resolver, validation_fraction=0, kv_sharing=sharing, every_step=True)
     return np.asarray(evaluate_expr(parse_infix(entry.expression), table.columns, table.n), dtype=np.float64)
+
+
+if __name__ == "__main__":
+    print(
+        "error: trace_model.py holds what trace_checks.py, knee_whatif.py and fresh_server.py share; run those",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)

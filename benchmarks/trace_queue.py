@@ -452,3 +452,12 @@ def queue_by_stage(data, specs: dict, resolver, entry, draws: int, scatter) -> l
                 lines.append(f"{f'  {i + 1}  {rate:g} req/s':<20} " + " ".join(cells))
             wander[-1] += f" {below(scaled, real_stats, 'memory'):>5}"
     return out + [""] + bursts + [""] + wander if len(bursts) > 4 else out
+
+
+if __name__ == "__main__":
+    print(
+        "error: trace_queue.py holds check 3 of trace_checks.py and what knee_whatif.py and fresh_server.py"
+        " share with it; run those",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)

@@ -20,7 +20,6 @@ from typing import Any, Sequence
 
 from archive.entry import ArchiveEntry
 from evolve.cli_files import (
-    check_not_an_input,
     check_writable_file,
     dumps,
     must_exist,
@@ -33,6 +32,7 @@ from evolve.cli_files import (
     get_entry as _get_entry,  # one name: tests replace it here
 )
 from evolve.cli_parser import PROG, build_parser
+from evolve.config import REFIT_ROUNDS
 from evolve.crash import OutputClosed, kill_workers, sigterm_as_interrupt
 from evolve.kernel_floor_view import print_floor_note, print_run_floor_note
 from evolve.report import entry_record, fmt_cell, make_console, print_coverage_note
@@ -227,8 +227,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         must_exist(path, "--data")
     if args.experiments:
         must_exist(args.experiments, "--experiments", "dir")
-    check_writable_file(args.json, "--json")
-    check_not_an_input(args.json, "--json", args)
+    check_writable_file(args.json, "--json", args)
     entry = _get_entry(args.run_dir, args.id)
     resolver = _resolver(args)
     from evolve.report import batch_bias_table, lodo_report, rows_table
@@ -287,13 +286,14 @@ def _kv_count_line(rows: list[dict], experiments: str | None, seed: int) -> str:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     must_exist(args.experiments, "--experiments", "dir")
-    check_writable_file(args.json, "--json")
+    check_writable_file(args.json, "--json", args)
     closed = {"--report": args.report, "--step-time-scale": args.step_time_scale != 1.0, "--headroom": args.headroom}
     if args.mode and (flag := next((f for f, given in closed.items() if given), None)):
         raise InputError(flag, None, f"only with the closed-loop validation; drop --{args.mode}")
+    if not args.mode and args.refit_rounds is not None:  # the closed loop refits nothing
+        raise InputError("--refit-rounds", None, "only with --lomo, --lowo or --stage-transfer (the folds refit)")
     if args.step_scatter != "none":
         must_exist(args.step_scatter, "--step-scatter", "dir")
-    check_not_an_input(args.json, "--json", args)
     report_dir = writable_dir(args.report, "--report") if args.report else None
     entry = _get_entry(args.run_dir, args.id)
     plot_dir = report_dir or _plots_dir(args.run_dir)
@@ -323,7 +323,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             resolver,
             baseline=with_baseline,
             plot_dir=plot_dir,
-            refit_rounds=args.refit_rounds,
+            refit_rounds=REFIT_ROUNDS if args.refit_rounds is None else args.refit_rounds,
             seed=args.seed,
             load_draws=args.load_draws,
             step_time_scale=args.step_time_scale,

@@ -27,8 +27,9 @@ def must_exist(path: str | None, option: str, kind: str = "any") -> None:
         raise InputError(p, option, "no such file or directory")
 
 
-def check_writable_file(path: str | None, option: str) -> None:
-    """Fail before the (slow) work when an output file could not be written."""
+def check_writable_file(path: str | None, option: str, args: argparse.Namespace | None = None) -> None:
+    """Fail before the (slow) work when an output file could not be written, or (given the
+    command's ARGS) would replace what the command reads."""
     if path is None:
         return
     p = regular_target(path, option)
@@ -43,6 +44,8 @@ def check_writable_file(path: str | None, option: str) -> None:
         probe.unlink()
     except OSError as exc:
         raise InputError(p, option, f"cannot write ({exc.strerror or exc})") from None
+    if args is not None:
+        check_not_an_input(path, option, args)
 
 
 def check_not_an_input(path: str | None, option: str, args: argparse.Namespace) -> None:
@@ -121,9 +124,15 @@ def usable_entry(store, entry_id: str) -> ArchiveEntry:
 def with_usable_run(store, entry: ArchiveEntry) -> ArchiveEntry:
     """ENTRY, once its run's stored configuration holds what pricing and its efficiency table read."""
     from archive.entry import check_run_config
+    from fitness.step_scatter import run_scatter
 
     try:
         check_run_config(entry.run_config or {})
+        run_scatter(entry.run_config)  # every field of a recorded scatter
     except ValueError as exc:
-        raise InputError(store.path, f"the run of entry {entry.id}", f"damaged run configuration: {exc}") from None
-    return entry
+        problem = str(exc)
+    except InputError as exc:
+        problem = f"{exc.field}: {exc.expected}"
+    else:
+        return entry
+    raise InputError(store.path, f"the run of entry {entry.id}", f"damaged run configuration: {problem}")

@@ -1,7 +1,7 @@
 """The command line of ``python -m evolve``: argument types and the parser.
 
-A usage error is one line and a hint (``error: ...`` then ``usage hint: ... --help``),
-not argparse's whole usage block; ``--help`` prints the usage as usual.
+A usage error is one line ending in where to find the usage (``error: ... (usage: ...
+--help)``), not argparse's whole usage block; ``--help`` prints the usage as usual.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 # -- argument types (argparse turns ArgumentTypeError into usage + exit 2) -----------
-def _number_arg(kind: type, ok: Callable[[float], bool], expected: str, what: str = "a whole number"):
+# (public: the benchmarks' command lines take their numbers with these too)
+def number_arg(kind: type, ok: Callable[[float], bool], expected: str, what: str = "a whole number"):
     """An argparse type: parse ``kind``, then check ``ok`` (ArgumentTypeError -> usage, exit 2)."""
 
     def parse(text: str):
@@ -54,13 +55,13 @@ def _number_arg(kind: type, ok: Callable[[float], bool], expected: str, what: st
     return parse
 
 
-_positive_int = _number_arg(int, lambda v: v >= 1, "a number >= 1")
-_nonnegative_int = _number_arg(int, lambda v: v >= 0, "a number >= 0")
-_jobs = _number_arg(int, lambda v: v >= 1 or v == -1, "a number >= 1 (or -1 for every core)")
-_seed = _number_arg(int, lambda v: 0 <= v <= MAX_SEED, f"a seed in 0..{MAX_SEED}")
-_scale = _number_arg(float, lambda v: 0.1 <= v <= 10, "a factor in 0.1..10", "a number")
-load_draws_arg = _number_arg(int, lambda v: 1 <= v <= MAX_LOAD_DRAWS, f"a number in 1..{MAX_LOAD_DRAWS}")
-_positive_float = _number_arg(
+positive_int = number_arg(int, lambda v: v >= 1, "a number >= 1")
+nonnegative_int = number_arg(int, lambda v: v >= 0, "a number >= 0")
+_jobs = number_arg(int, lambda v: v >= 1 or v == -1, "a number >= 1 (or -1 for every core)")
+seed_arg = number_arg(int, lambda v: 0 <= v <= MAX_SEED, f"a seed in 0..{MAX_SEED}")
+_scale = number_arg(float, lambda v: 0.1 <= v <= 10, "a factor in 0.1..10", "a number")
+load_draws_arg = number_arg(int, lambda v: 1 <= v <= MAX_LOAD_DRAWS, f"a number in 1..{MAX_LOAD_DRAWS}")
+positive_float = number_arg(
     float, lambda v: math.isfinite(v) and v > 0, "a positive number of seconds", "a number of seconds"
 )
 
@@ -108,8 +109,8 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("run", help="run a search", description="Run a GP search; results go to a run directory.")
-    p.add_argument("--generations", type=_positive_int, required=True, metavar="N", help="generations to evolve")
-    p.add_argument("--population", type=_positive_int, metavar="P", help="individuals per generation (default 200)")
+    p.add_argument("--generations", type=positive_int, required=True, metavar="N", help="generations to evolve")
+    p.add_argument("--population", type=positive_int, metavar="P", help="individuals per generation (default 200)")
     p.add_argument(
         "--data",
         nargs="+",
@@ -120,10 +121,10 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument(
         "--experiments", metavar="DIR", help="folder of experiment folders (any depth) for the replayed E2E objectives"
     )
-    p.add_argument("--seed", type=_seed, metavar="S", help="random seed (same seed, same run; default 0)")
+    p.add_argument("--seed", type=seed_arg, metavar="S", help="random seed (same seed, same run; default 0)")
     p.add_argument("--jobs", type=_jobs, default=1, metavar="J", help="parallel evaluation workers (-1: every core)")
     _add_run_dir(p, help="where to write (default: runs/<UTC time>-seed<S>)")
-    p.add_argument("--time-limit", type=_positive_float, metavar="SEC", help="stop after this many seconds")
+    p.add_argument("--time-limit", type=positive_float, metavar="SEC", help="stop after this many seconds")
     _add_resolver_options(p)
     p.add_argument(
         "--backend", choices=("loky", "dask"), default="loky", help="where workers run (default: loky, this machine)"
@@ -147,7 +148,7 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
         " and check the front on as many (default 1)",
     )
     p.add_argument(
-        "--checkpoint-every", type=_positive_int, metavar="N", help="generations between checkpoints (default 5)"
+        "--checkpoint-every", type=positive_int, metavar="N", help="generations between checkpoints (default 5)"
     )
     p.set_defaults(handler=handlers["run"])
 
@@ -196,8 +197,7 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
         transfer.add_argument(flag, dest="mode", action="store_const", const=flag[2:], help=help)
     p.add_argument(
         "--refit-rounds",
-        type=_nonnegative_int,
-        default=REFIT_ROUNDS,
+        type=nonnegative_int,
         metavar="N",
         help=f"transfer checks: re-record each fold's training runs with its refit N times (default: {REFIT_ROUNDS})",
     )
@@ -212,7 +212,7 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--seed",
-        type=_seed,
+        type=seed_arg,
         default=0,
         metavar="S",
         help="the load generator's seed: draws S, S+1, ... (default 0; a run's --seed is the draw it fitted on)",
@@ -258,7 +258,7 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
         metavar="NAME",
         help="bake constants for this model (with --tp); with --blis: the golden tests' deployment",
     )
-    p.add_argument("--tp", type=_positive_int, metavar="N", help="tensor-parallel degree for --model")
+    p.add_argument("--tp", type=positive_int, metavar="N", help="tensor-parallel degree for --model")
     p.add_argument("--gpu", metavar="NAME", help="GPU for --model (default: the datasheet's / H100)")
     _add_run_dir(p)
     _add_resolver_options(p)

@@ -61,11 +61,15 @@ def _quiet_pool_manager(previous):
     loky marks the pool broken and the next call raises there.
     """
 
+    if getattr(previous, "quiets_pool_manager", False):  # once: every command of a process installs it
+        return previous
+
     def hook(args):
         if args.thread is not None and args.thread.name.startswith("ExecutorManagerThread"):
             return
         previous(args)
 
+    hook.quiets_pool_manager = True
     return hook
 
 

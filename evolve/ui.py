@@ -174,8 +174,13 @@ class RunUI:
             self._plain(f"search finished ({took}): {models} on the front")
             for e in entries:
                 errs = " ".join(f"{k}={fmt_fraction(e.objectives[k])}" for k, _ in ERROR_COLUMNS if k in e.objectives)
-                shown = display_expression(e.expression)
-                self._plain(f"{'*' if e.id == rec else ' '} {e.id} cx={e.complexity} {errs} {shown}")
+                line = (
+                    f"{'*' if e.id == rec else ' '} {e.id} cx={e.complexity} {errs} {display_expression(e.expression)}"
+                )
+                # at 80 columns, wrapped at spaces: a coefficient*primitive has none, so it is never split
+                self._plain(
+                    textwrap.fill(line, 80, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
+                )
             for k, v in summary.items():
                 text = f"{k}: {fmt_number(v) if not isinstance(v, (dict, list)) else v}"
                 # a list or mapping wraps at 80 columns; a path or an expression stays whole

@@ -39,6 +39,7 @@ GOOD = entry("1.1*gemm_time_us + 1.2*kv_io_time_us", 7, 0.1, 0.1)
         ({"efficiency_bounds": [0.5, "four"]}, ["efficiency_bounds", "a number"]),
         ({"efficiency_caps": {"kv_io_time_us": None}}, ["efficiency_caps.kv_io_time_us", "a number"]),
         ({"step_scatter": 3}, ["step_scatter", "a mapping"]),
+        ({"step_scatter": {"quantiles": [1.0, 1e308], "steps": 9, "source": "t"}}, ["quantiles[1]", "at most 100"]),
     ],
 )
 def test_a_damaged_run_configuration_is_one_line(config, needles, work, capsys):
@@ -73,3 +74,10 @@ def test_a_path_too_long_to_use_is_one_line(work, capsys):
     assert_one_line_error(rc, err, long_name, "file name too long")
     rc, _, err = call(["run", "--generations", "1", "--data", "good.csv", "--run-dir", f"runs/{long_name}"], capsys)
     assert_one_line_error(rc, err, long_name, "--run-dir", "name too long")
+
+
+def test_refit_rounds_without_a_transfer_check_is_refused(work, capsys):
+    """The closed loop refits nothing: the option would be ignored without a word."""
+    (work / "exps").mkdir()
+    rc, _, err = call(["validate", "abc", "--experiments", "exps", "--refit-rounds", "2"], capsys)
+    assert_one_line_error(rc, err, "--refit-rounds", "only with --lomo, --lowo or --stage-transfer")

@@ -385,6 +385,7 @@ def test_the_pool_manager_thread_stays_quiet_inside_a_run_and_other_threads_do_n
     hook(args_of("ExecutorManagerThread"))  # loky's race on an interrupt: no traceback over the one line
     hook(args_of("worker-1"))
     assert seen == ["worker-1"]
+    assert _quiet_pool_manager(hook) is hook  # installed by every command: wrapped once, not once per command
 
 
 def test_an_interrupt_raised_inside_compiled_code_stops_the_run_as_ctrl_c_does(work, monkeypatch, capsys):
@@ -444,10 +445,11 @@ def test_a_full_disk_while_checkpointing_after_ctrl_c_stays_a_full_disk(work, mo
     assert rc == 1 and err.startswith("error: disk full"), err
 
 
-def test_the_plain_summary_wraps_its_lists_at_80_columns(work, capsys):
+def test_the_plain_summary_and_front_wrap_at_80_columns(work, capsys):
     rc, out, err = call(["run", *TINY, "--run-dir", "runs/w"], capsys)
     assert rc == 0, err
     lines = (out + err).splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("primitives: ["))
     wrapped = [lines[start]] + [line for line in lines[start + 1 :] if line.startswith("  '")]
     assert len(wrapped) > 1 and all(len(line) <= 80 for line in wrapped), wrapped
+    assert all(len(line) <= 80 for line in lines), max(lines, key=len)  # the front's expressions too
