@@ -21,7 +21,7 @@ from pathlib import Path
 
 from archive.entry import ArchiveEntry
 from primitives.errors import InputError
-from primitives.files import atomic_write_text, regular_target
+from primitives.files import atomic_write_text, probe_create, regular_target
 
 ARCHIVE_FILENAME = "archive.sqlite"
 RUN_CONFIG_FILENAME = "run.json"
@@ -43,6 +43,11 @@ class RunDir:
         return self.root / ARCHIVE_FILENAME
 
     @property
+    def archive_files(self) -> list[Path]:
+        """The archive and the side files sqlite keeps beside it (part of its content)."""
+        return [self.archive.with_name(self.archive.name + s) for s in ("", "-wal", "-shm", "-journal")]
+
+    @property
     def run_config(self) -> Path:
         return self.root / RUN_CONFIG_FILENAME
 
@@ -62,13 +67,10 @@ class RunDir:
                 stale.unlink(missing_ok=True)
 
     def forget_unstarted(self) -> None:
-        """Remove what a run wrote before its first generation finished (run.json, the archive
+        """Remove what a run wrote before its first checkpoint (run.json, the archive
         and sqlite's side files), so that the directory is unused again: an interrupt there
         leaves nothing to resume, and a rerun must not be refused."""
-        for path in (
-            self.run_config,
-            *(self.archive.with_name(self.archive.name + s) for s in ("", "-wal", "-shm", "-journal")),
-        ):
+        for path in (self.run_config, *self.archive_files):
             path.unlink(missing_ok=True)
 
 
@@ -82,9 +84,15 @@ def refuse_used_dir(root: Path) -> None:
         raise InputError(root, "--run-dir", f"cannot list the directory ({exc.strerror or exc})") from None
     if used:
         listed = f"{', '.join(used[:3])}{', ...' if len(used) > 3 else ''}"
-        # a run that failed before its first checkpoint cannot be resumed: say how to reuse the name
-        how = f"continue that run with --resume {root}" if CHECKPOINT_FILENAME in used else "remove them"
-        raise InputError(root, "--run-dir", f"not empty ({listed}); {how} or choose a new --run-dir")
+        own = {RUN_CONFIG_FILENAME, PLOTS_DIRNAME, *(p.name for p in RunDir(Path(root)).archive_files)}
+        if CHECKPOINT_FILENAME in used:
+            how = f"continue that run with --resume {root} or choose a new --run-dir"
+        elif all(n in own or (n.startswith(".") and n.endswith(".tmp")) for n in used):
+            # only what a run that failed before its first checkpoint wrote: it cannot be resumed
+            how = "remove them or choose a new --run-dir"
+        else:  # somebody's files: never suggest removing them
+            how = "choose a new --run-dir"
+        raise InputError(root, "--run-dir", f"not empty ({listed}); {how}")
 
 
 class RunLock:
@@ -147,13 +155,16 @@ def default_run_dir(
     raise InputError(root / RUNS_DIRNAME, None, f"too many runs started at {stamp}; pass --run-dir")
 
 
-def drop_if_unused(root: Path) -> None:
-    """Remove a reserved run directory that holds nothing but its lock (the run wrote nothing)."""
+def drop_if_unused(root: Path, with_parent: bool = False) -> None:
+    """Remove a reserved run directory that holds nothing but its lock (the run wrote nothing),
+    and WITH_PARENT its parent (``runs/``, which the reservation created) if that is empty then."""
     try:
         if {p.name for p in root.iterdir()} <= {LOCK_FILENAME}:
             (root / LOCK_FILENAME).unlink(missing_ok=True)
             root.rmdir()
-    except OSError:  # gone already, or not ours to remove
+            if with_parent:
+                root.parent.rmdir()  # refused while another run's directory is in it
+    except OSError:  # gone already, not empty, or not ours to remove
         pass
 
 
@@ -163,6 +174,12 @@ def check_latest_writable(base: str | os.PathLike | None = None) -> None:
     if runs.exists() and not runs.is_dir():
         raise InputError(runs, None, f"is not a directory; a run names itself in {RUNS_DIRNAME}/{LATEST_FILENAME}")
     regular_target(runs / LATEST_FILENAME)
+    where = runs if runs.is_dir() else runs.parent  # where LATEST, or runs/ itself, will be created
+    try:
+        probe_create(where)
+    except OSError as exc:
+        why = f"cannot write there ({(exc.strerror or str(exc)).lower()})"
+        raise InputError(where, None, f"{why}; a run names itself in {RUNS_DIRNAME}/{LATEST_FILENAME}") from None
 
 
 def record_latest(run_dir: str | os.PathLike, base: str | os.PathLike | None = None) -> Path:

@@ -257,7 +257,8 @@ def check_inputs(run_dir: Path, model: str | None, tp: int | None, keep: Path | 
     """--run-dir mode's inputs: the run's archive, the deployment, where to keep the module; InputError if bad."""
     from archive.rundir import locate_archive
     from primitives.deployment import default_resolver
-    from primitives.errors import InputError, writable_dir
+    from primitives.errors import InputError
+    from primitives.files import writable_dir
 
     locate_archive(run_dir)
     if model is not None:

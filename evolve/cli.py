@@ -36,7 +36,8 @@ from evolve.config import REFIT_ROUNDS
 from evolve.crash import OutputClosed, kill_workers, sigterm_as_interrupt
 from evolve.kernel_floor_view import print_floor_note, print_run_floor_note
 from evolve.report import entry_record, fmt_cell, make_console, print_coverage_note
-from primitives.errors import InputError, writable_dir
+from primitives.errors import InputError
+from primitives.files import writable_dir
 
 
 # -- helpers ------------------------------------------------------------------------
@@ -95,7 +96,7 @@ def _capped_jobs(jobs: int) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import time
 
-    from archive.rundir import check_latest_writable, default_run_dir, drop_if_unused
+    from archive.rundir import RUNS_DIRNAME, check_latest_writable, default_run_dir, drop_if_unused
     from evolve.config import RunConfig
     from evolve.resume import FIXED_BY_THE_RUN
 
@@ -117,8 +118,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_dir = Path(args.run_dir)
     elif args.resume:
         run_dir = Path(args.resume)
-    else:
-        run_dir = default_run_dir(seed, reserve=True)  # removed below if the run writes nothing there
+    else:  # removed below if the run writes nothing there (and runs/ too if it made it)
+        made_runs = not Path(RUNS_DIRNAME).exists()
+        run_dir = default_run_dir(seed, reserve=True)
     if run_dir.exists() and not run_dir.is_dir():
         raise InputError(run_dir, "--run-dir", "exists and is not a directory")
     config = RunConfig(
@@ -143,7 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ui.close()
         kill_workers()  # before the directory is looked at: no worker writes there any more
         if not (args.run_dir or args.resume):
-            drop_if_unused(run_dir)
+            drop_if_unused(run_dir, with_parent=made_runs)
     where, then = f"run directory: {run_dir}", f"(next: {PROG} archive best)"
     print(where + ("\n" if len(where) + 2 + len(then) > 80 else "  ") + then)  # a long path: two lines
     print_run_floor_note(run_dir)
@@ -386,6 +388,8 @@ def _interruption(exc: KeyboardInterrupt) -> str:
     from evolve.crash import TimeLimitReached
 
     what = f"stopped: {exc}" if isinstance(exc, (TimeLimitReached, OutputClosed)) else "interrupted"
+    if isinstance(exc, OutputClosed) and exc.finished_in is not None:
+        return f"{what} after the run finished; its results are in {exc.finished_in} ({PROG} archive best)"
     kept = [d for d in _RUN_DIRS if RunDir(d).checkpoint.is_file()]
     if kept:
         return f"{what}; finished generations are kept in {kept[0]} (continue with --resume {kept[0]})"

@@ -12,7 +12,7 @@ from typing import Any
 from archive.entry import ArchiveEntry
 from evolve.report import clean
 from primitives.errors import InputError
-from primitives.files import atomic_write_text, regular_target
+from primitives.files import atomic_write_text, probe_create, regular_target
 
 
 def must_exist(path: str | None, option: str, kind: str = "any") -> None:
@@ -38,10 +38,8 @@ def check_writable_file(path: str | None, option: str, args: argparse.Namespace 
         raise InputError(p, option, f"cannot write: {parent} is a file, not a directory")
     if not parent.is_dir():
         raise InputError(p, option, f"cannot write: directory {parent} does not exist")
-    probe = parent / f".{p.name}.probe"
-    try:  # os.access says yes to root everywhere; a real create tells the truth
-        probe.touch()
-        probe.unlink()
+    try:
+        probe_create(parent)
     except OSError as exc:
         raise InputError(p, option, f"cannot write ({exc.strerror or exc})") from None
     if args is not None:
@@ -53,17 +51,14 @@ def check_not_an_input(path: str | None, option: str, args: argparse.Namespace) 
     archive, run.json, checkpoint) or an input file or anything under an input directory."""
     if path is None:
         return
-    from archive.rundir import RunDir, locate_archive
+    from archive.rundir import LATEST_FILENAME, RUNS_DIRNAME, RunDir, locate_archive
 
     target = Path(path).resolve()
-    kept = []
+    kept = [(Path(RUNS_DIRNAME) / LATEST_FILENAME, "the name of the latest run")]  # read without --run-dir
     try:
         run = RunDir(locate_archive(args.run_dir).parent)
-        kept += [
-            (run.archive, "the run's archive"),
-            (run.run_config, "the run's settings"),
-            (run.checkpoint, "the run's checkpoint"),
-        ]
+        kept += [(f, "the run's archive") for f in run.archive_files]
+        kept += [(run.run_config, "the run's settings"), (run.checkpoint, "the run's checkpoint")]
     except InputError:  # no run: the command says so when it reads the entry
         pass
     kept += [(Path(p), f"an input of {opt}") for opt, p in input_paths(args)]
@@ -110,7 +105,8 @@ def get_entry(run_dir: str | None, entry_id: str) -> ArchiveEntry:
 def usable_entry(store, entry_id: str) -> ArchiveEntry:
     """The entry, to be priced: once its expression parses to a finite formula of known primitives
     and its run's configuration holds what pricing reads (an archive edited or made by another
-    version fails here in one line, not deep inside; the archive views show it as it is)."""
+    version fails here in one line, not deep inside). ``archive list``/``best`` show such an
+    expression as it is; ``archive show`` checks the run's configuration (``with_usable_run``)."""
     from primitives.language import parse_step_formula
 
     entry = store.get(entry_id)

@@ -117,7 +117,9 @@ class OutputClosed(KeyboardInterrupt):
     """The reader of the run's standard output went away (``| head``): taken as an interrupt, so
     the finished generations are checkpointed and resumable, and the run is not marked failed."""
 
-    def __init__(self) -> None:
+    def __init__(self, finished_in: object = None) -> None:
+        # FINISHED_IN: the run directory, when the output closed after the run had finished
+        self.finished_in = finished_in
         super().__init__("its standard output was closed")
 
 

@@ -25,7 +25,7 @@ from evolve.calibration import (
     run_settings,
 )
 from evolve.config import RunConfig
-from evolve.crash import interrupt_behind, is_time_limit, time_limit_alarm
+from evolve.crash import OutputClosed, interrupt_behind, is_time_limit, time_limit_alarm
 from evolve.evaluator import Evaluator
 from evolve.records import best_entries, record_front
 from evolve.resume import fresh_config, resumed_config
@@ -42,8 +42,8 @@ from primitives.data.experiments import find_experiments
 from primitives.data.roots import default_data_dir
 from primitives.data.traces import load_steps
 from primitives.deployment import DeploymentResolver
-from primitives.errors import InputError, writable_dir
-from primitives.files import atomic_write_json
+from primitives.errors import InputError
+from primitives.files import atomic_write_json, writable_dir
 from primitives.kernels import efficiency_caps, efficiency_floors
 from primitives.registry import supported_primitives
 
@@ -303,7 +303,10 @@ def _run(config: RunConfig, ui, termination: Termination) -> list:
                 if interrupt is not exc:
                     raise interrupt from None
             raise
-    ui.finish(entries, summary)
+    try:
+        ui.finish(entries, summary)
+    except OutputClosed:  # the run is finished and recorded: nothing to resume
+        raise OutputClosed(finished_in=root) from None
     return entries
 
 

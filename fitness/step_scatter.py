@@ -62,8 +62,9 @@ class StepScatter:
         q = d.get("quantiles")
         if not isinstance(q, list) or not q:
             raise InputError(path, "step_scatter.quantiles", "expected a non-empty list of positive numbers")
-        # multipliers of a step's time: a step 100 times its neighbours' is no scatter, but damage
-        values = [checks.number(v, path, f"step_scatter.quantiles[{i}]", upper=100) for i, v in enumerate(q)]
+        # quantiles of mean 1: none can exceed their count (measure_scatter can reach it), so more is damage
+        bound = max(QUANTILES, len(q))
+        values = [checks.number(v, path, f"step_scatter.quantiles[{i}]", upper=bound) for i, v in enumerate(q)]
         steps = checks.number(d.get("steps"), path, "step_scatter.steps", integer=True)
         source = checks.text(d.get("source"), path, "step_scatter.source", "the traces it was measured on")
         return cls(tuple(float(v) for v in values), int(steps), source)

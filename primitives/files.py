@@ -3,7 +3,8 @@
 Every file the tool writes goes through :func:`atomic_write_bytes` (a temp file in the
 same folder, fsync, rename), so a killed process never leaves a half-written file. Every
 JSON or YAML input is read through :func:`read_mapping`, which turns any problem into a
-one-line :class:`~primitives.errors.InputError`.
+one-line :class:`~primitives.errors.InputError`. Whether a folder can be written is found
+by a real create (:func:`probe_create`, :func:`writable_dir`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,33 @@ _NON_REGULAR = (
     (stat.S_ISSOCK, "a socket"),
     (stat.S_ISDIR, "a directory"),
 )
+
+
+def probe_create(directory: str | os.PathLike) -> None:
+    """Create and remove a file of a fresh name in DIRECTORY, or raise the OSError that stops it.
+
+    A real create, because ``os.access`` says yes to root everywhere and a read-only mount is
+    no permission bit; a fresh name (mkstemp), because a fixed one could be the user's file.
+    """
+    fd, probe = tempfile.mkstemp(prefix=".probe.", dir=directory)
+    os.close(fd)
+    os.unlink(probe)
+
+
+def writable_dir(path, option: str):
+    """Create ``path`` if needed and make sure we can write there; else one-line InputError."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InputError(path, option, "exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(path, option, f"cannot create the directory ({exc.strerror or exc})") from None
+    try:
+        probe_create(path)
+    except OSError as exc:
+        raise InputError(path, option, f"cannot write there ({(exc.strerror or str(exc)).lower()})") from None
+    return path
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:

@@ -138,17 +138,20 @@ CONTEXT_GRID = LogGrid(4.0, 0.5, 2 * 13 + 1)  # 16 .. 131,072 tokens
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
     """The rows of a kernel table (a regular UTF-8 file with a header and at least one row)."""
+    reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
+    rows = []
     try:
-        rows = list(csv.DictReader(io.StringIO(read_text(path), newline="")))
+        for row in reader:  # a row short of the header's fields: a file cut mid-row
+            missing = [k for k, v in row.items() if k is not None and v is None]
+            if missing or None in row:
+                got = f"no {', '.join(missing)}" if missing else "more fields than the header names"
+                expected = "expected one value per header field (a cut file?)"
+                raise InputError(path, f"line {reader.line_num}", f"{got}; {expected}")
+            rows.append(row)
     except csv.Error as exc:
         raise InputError(path, None, f"not a readable CSV table ({exc})") from None
     if not rows:
         raise InputError(path, None, "expected a header and at least one row of timings")
-    for line, row in enumerate(rows, start=2):  # a row short of the header's fields: a file cut mid-row
-        missing = [k for k, v in row.items() if k is not None and v is None]
-        if missing or None in row:
-            got = f"no {', '.join(missing)}" if missing else "more fields than the header names"
-            raise InputError(path, f"line {line}", f"{got}; expected one value per header field (a cut file?)")
     return rows
 
 

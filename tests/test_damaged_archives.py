@@ -39,7 +39,7 @@ GOOD = entry("1.1*gemm_time_us + 1.2*kv_io_time_us", 7, 0.1, 0.1)
         ({"efficiency_bounds": [0.5, "four"]}, ["efficiency_bounds", "a number"]),
         ({"efficiency_caps": {"kv_io_time_us": None}}, ["efficiency_caps.kv_io_time_us", "a number"]),
         ({"step_scatter": 3}, ["step_scatter", "a mapping"]),
-        ({"step_scatter": {"quantiles": [1.0, 1e308], "steps": 9, "source": "t"}}, ["quantiles[1]", "at most 100"]),
+        ({"step_scatter": {"quantiles": [1.0, 1e308], "steps": 9, "source": "t"}}, ["quantiles[1]", "at most 256"]),
     ],
 )
 def test_a_damaged_run_configuration_is_one_line(config, needles, work, capsys):

@@ -81,7 +81,63 @@ def test_an_interrupted_run_in_a_default_directory_leaves_no_directory(work, cap
     _interrupt_at_once(monkeypatch)
     rc, _, err = call(["run", *TINY], capsys)
     assert rc == 130 and "nothing was written" in err, err
-    assert list((work / "runs").iterdir()) == []
+    assert not (work / "runs").exists()  # nor the runs/ the reservation made
+    (work / "runs").mkdir()
+    rc, _, err = call(["run", *TINY], capsys)
+    assert rc == 130 and list((work / "runs").iterdir()) == []  # a runs/ that was there stays
+
+
+def test_a_directory_holding_somebodys_files_is_not_offered_for_removal(work, capsys):
+    (work / "mine").mkdir()
+    (work / "mine" / "notes.txt").write_text("keep me")
+    rc, _, err = call(["run", *TINY, "--run-dir", "mine"], capsys)
+    assert_one_line_error(rc, err, "mine", "not empty (notes.txt); choose a new --run-dir")
+    assert "remove" not in err and (work / "mine" / "notes.txt").read_text() == "keep me"
+
+
+def test_a_runs_folder_that_cannot_be_written_is_refused_before_the_search(work, capsys, monkeypatch):
+    import errno
+
+    import primitives.files
+
+    real = primitives.files.tempfile.mkstemp
+
+    def read_only_runs(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir).name == "runs":
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real(*args, dir=dir, **kwargs)
+
+    (work / "runs").mkdir()
+    monkeypatch.setattr(primitives.files.tempfile, "mkstemp", read_only_runs)
+    monkeypatch.setattr(Search, "initialise", lambda self: pytest.fail("the search started"))
+    rc, _, err = call(["run", *TINY, "--run-dir", "elsewhere"], capsys)
+    assert_one_line_error(rc, err, "runs: cannot write there (read-only file system)", "runs/LATEST")
+
+
+def test_json_never_replaces_the_name_of_the_latest_run_or_the_archives_side_files(done, work, capsys):
+    entry = _first_id(done, capsys)
+    (done / "archive.sqlite-wal").write_bytes(b"")
+    for target in ("runs/LATEST", "runs/a/archive.sqlite-wal"):
+        before = Path(target).read_bytes()
+        rc, _, err = call(["score", entry, "--data", "good.csv", "--json", target], capsys)
+        assert_one_line_error(rc, err, target, "--json", "would overwrite")
+        assert Path(target).read_bytes() == before
+
+
+def test_output_closed_after_the_run_finished_says_it_finished(work, capsys, monkeypatch):
+    from evolve.crash import OutputClosed
+    from evolve.ui import RunUI
+
+    def closed(self, entries, summary):
+        raise OutputClosed
+
+    monkeypatch.setattr(RunUI, "finish", closed)
+    rc, _, err = call(["run", *TINY, "--run-dir", "runs/f"], capsys)
+    assert rc == 141 and len(err.strip().splitlines()) == 1, err
+    assert "after the run finished; its results are in runs/f" in err and "--resume" not in err, err
+    con = sqlite3.connect(f"file:{work / 'runs' / 'f' / 'archive.sqlite'}?mode=ro", uri=True)
+    assert [s for (s,) in con.execute("SELECT status FROM runs")] == ["finished"]
+    con.close()
 
 
 def test_runs_started_in_one_second_take_two_names(tmp_path):
@@ -191,7 +247,8 @@ def test_a_directory_on_a_read_only_mount_says_so(tmp_path, monkeypatch):
     import errno
     import tempfile
 
-    from primitives.errors import InputError, writable_dir
+    from primitives.errors import InputError
+    from primitives.files import writable_dir
 
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")

@@ -80,6 +80,19 @@ def test_steps_without_scatter_measure_none_and_too_few_steps_are_refused():
         measure_scatter(_table([MIN_STEPS - 1], _stalls), "tiny")
 
 
+def test_a_scatter_with_extreme_stalls_is_recorded_and_read_back():
+    # one step in 300 stalled to 1e5 times its neighbours': only the top quantile holds the stalls,
+    # and normalised to mean 1 it nears QUANTILES (its bound); what measure_scatter records reads back
+    def wild(rng, n):
+        return np.where(np.arange(n) % 300 == 7, 1e5, 1.0) * rng.normal(1.0, 0.001, n)
+
+    scatter = measure_scatter(_table([3000], wild), "wild")
+    assert max(scatter.quantiles) > 100
+    assert StepScatter.from_dict(scatter.to_dict()) == scatter
+    with pytest.raises(InputError, match=f"at most {QUANTILES}"):
+        StepScatter.from_dict({**scatter.to_dict(), "quantiles": [1.0] * (QUANTILES - 1) + [QUANTILES + 1.0]})
+
+
 def test_the_draws_are_seeded_and_come_from_the_quantiles():
     scatter = StepScatter((0.9, 1.0, 1.3), 3, "x")
     a, b = scatter.scales(4, 1000), scatter.scales(4, 1000)
