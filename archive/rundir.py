@@ -14,6 +14,7 @@ archive ...`` works without ``--run-dir``.
 from __future__ import annotations
 
 import fcntl
+import fnmatch
 import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from archive.entry import ArchiveEntry
 from primitives.errors import InputError
-from primitives.files import atomic_write_text, probe_create, regular_target
+from primitives.files import PROBE_PREFIX, atomic_write_text, probe_create, regular_target
 
 ARCHIVE_FILENAME = "archive.sqlite"
 RUN_CONFIG_FILENAME = "run.json"
@@ -30,6 +31,8 @@ PLOTS_DIRNAME = "plots"
 RUNS_DIRNAME = "runs"
 LATEST_FILENAME = "LATEST"
 LOCK_FILENAME = ".lock"  # held (flock) by the one process working in the run directory
+# what a writer killed mid-write leaves: atomic writes' copies, write probes (primitives.files)
+_TEMPORARY_PATTERNS = (f".{CHECKPOINT_FILENAME}.*.tmp", f".{RUN_CONFIG_FILENAME}.*.tmp", f"{PROBE_PREFIX}*.tmp")
 
 
 @dataclass(frozen=True)
@@ -59,11 +62,16 @@ class RunDir:
     def plots(self) -> Path:
         return self.root / PLOTS_DIRNAME
 
+    @staticmethod
+    def is_temporary(name: str) -> bool:
+        """NAME is a half-written copy of the run's files or a write probe (what a killed writer leaves)."""
+        return any(fnmatch.fnmatchcase(name, pattern) for pattern in _TEMPORARY_PATTERNS)
+
     def remove_stale_temporaries(self) -> None:
-        """Remove the half-written copies (``.checkpoint.pkl.*.tmp``) a killed writer left; only
-        under the run's lock, when no writer of this directory can be alive."""
-        for name in (CHECKPOINT_FILENAME, RUN_CONFIG_FILENAME):
-            for stale in self.root.glob(f".{name}.*.tmp"):
+        """Remove the half-written copies (``.checkpoint.pkl.*.tmp``) and probes a killed writer
+        left; only under the run's lock, when no writer of this directory can be alive."""
+        for stale in self.root.iterdir():
+            if self.is_temporary(stale.name) and stale.is_file():
                 stale.unlink(missing_ok=True)
 
     def forget_unstarted(self) -> None:
@@ -84,10 +92,10 @@ def refuse_used_dir(root: Path) -> None:
         raise InputError(root, "--run-dir", f"cannot list the directory ({exc.strerror or exc})") from None
     if used:
         listed = f"{', '.join(used[:3])}{', ...' if len(used) > 3 else ''}"
-        own = {RUN_CONFIG_FILENAME, PLOTS_DIRNAME, *(p.name for p in RunDir(Path(root)).archive_files)}
+        own = {RUN_CONFIG_FILENAME, *(p.name for p in RunDir(Path(root)).archive_files)}
         if CHECKPOINT_FILENAME in used:
             how = f"continue that run with --resume {root} or choose a new --run-dir"
-        elif all(n in own or (n.startswith(".") and n.endswith(".tmp")) for n in used):
+        elif all(n in own or RunDir.is_temporary(n) for n in used):
             # only what a run that failed before its first checkpoint wrote: it cannot be resumed
             how = "remove them or choose a new --run-dir"
         else:  # somebody's files: never suggest removing them
@@ -148,6 +156,8 @@ def default_run_dir(
                 return candidate
             except FileExistsError:  # two runs in the same second
                 continue
+            except FileNotFoundError:  # runs/ went (an unused run that made it removed it): the next name
+                continue
             except OSError as exc:
                 raise InputError(
                     candidate, "--run-dir", f"cannot create the directory ({exc.strerror or exc})"
@@ -179,7 +189,8 @@ def check_latest_writable(base: str | os.PathLike | None = None) -> None:
         probe_create(where)
     except OSError as exc:
         why = f"cannot write there ({(exc.strerror or str(exc)).lower()})"
-        raise InputError(where, None, f"{why}; a run names itself in {RUNS_DIRNAME}/{LATEST_FILENAME}") from None
+        how = f"a run names itself in {RUNS_DIRNAME}/{LATEST_FILENAME}: start it from a writable directory"
+        raise InputError(where, None, f"{why}; {how}") from None
 
 
 def record_latest(run_dir: str | os.PathLike, base: str | os.PathLike | None = None) -> Path:

@@ -33,7 +33,7 @@ from evolve.cli_files import (
 )
 from evolve.cli_parser import PROG, build_parser
 from evolve.config import REFIT_ROUNDS
-from evolve.crash import OutputClosed, kill_workers, sigterm_as_interrupt
+from evolve.crash import OutputClosed, kill_workers, output_closed, sigterm_as_interrupt, silence_stdout
 from evolve.kernel_floor_view import print_floor_note, print_run_floor_note
 from evolve.report import entry_record, fmt_cell, make_console, print_coverage_note
 from primitives.errors import InputError
@@ -140,15 +140,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     _RUN_DIRS.append(run_dir)
     ui = RunUI()
     try:
-        run_search(config, ui, frozenset(given), started_at)
+        ended = run_search(config, ui, frozenset(given), started_at)
     finally:
         ui.close()
         kill_workers()  # before the directory is looked at: no worker writes there any more
         if not (args.run_dir or args.resume):
             drop_if_unused(run_dir, with_parent=made_runs)
-    where, then = f"run directory: {run_dir}", f"(next: {PROG} archive best)"
-    print(where + ("\n" if len(where) + 2 + len(then) > 80 else "  ") + then)  # a long path: two lines
-    print_run_floor_note(run_dir)
+    try:
+        where, then = f"run directory: {run_dir}", f"(next: {PROG} archive best)"
+        print(where + ("\n" if len(where) + 2 + len(then) > 80 else "  ") + then)  # a long path: two lines
+        print_run_floor_note(run_dir)
+        sys.stdout.flush()  # a closed output is found here, not at exit
+    except BrokenPipeError:
+        raise output_closed(run_dir if ended.status == "finished" else None) from None
     return 0
 
 
@@ -448,10 +452,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, the time limit or a run's output closed
         print(_one_line(_interruption(exc)), file=sys.stderr)
         return 141 if isinstance(exc, OutputClosed) else 130  # 141: as SIGPIPE would end it
-    except BrokenPipeError:
-        # the reader went away (e.g. `| head`); silence the flush at exit
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+    except BrokenPipeError:  # the reader went away (e.g. `| head`): the flush at exit too
+        silence_stdout()
         return 0
     except OSError as exc:
         if exc.filename and exc.errno in _BAD_PATH_ERRNOS:  # a path given that cannot be used: bad input

@@ -123,6 +123,26 @@ class OutputClosed(KeyboardInterrupt):
         super().__init__("its standard output was closed")
 
 
+def silence_stdout() -> None:
+    """Point standard output at /dev/null: what is still to print, and the flush at exit, go
+    nowhere once its reader has gone (a stream without a descriptor is left as it is)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def output_closed(finished_in: object = None, stream: object = None) -> OutputClosed:
+    """The interrupt for a write that found its reader gone; STREAM (default: standard output)
+    is silenced if it is standard output. FINISHED_IN: the run directory of a finished run."""
+    if stream is None or stream is sys.stdout:
+        silence_stdout()
+    return OutputClosed(finished_in)
+
+
 def is_time_limit(exc: BaseException) -> bool:
     """EXC is the time limit running out, directly or from inside compiled code."""
     return isinstance(interrupt_behind(exc), TimeLimitReached)

@@ -27,13 +27,19 @@ ERROR_COLUMNS = (
 
 def make_console():
     """The commands' rich console. Where the reader goes away (``| head``), rich exits 1;
-    this one raises BrokenPipeError, which the command line ends with status 0."""
+    this one raises BrokenPipeError, which the command line ends with status 0. A live
+    display's refresh thread only marks it (``pipe_broken``): the main thread asks."""
+    import threading
+
     from rich.console import Console
 
     class _Console(Console):
+        pipe_broken = False
+
         def on_broken_pipe(self) -> None:
-            self.quiet = True
-            raise BrokenPipeError
+            self.quiet = self.pipe_broken = True
+            if threading.current_thread() is threading.main_thread():
+                raise BrokenPipeError
 
     return _Console()
 

@@ -12,7 +12,7 @@ import signal
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, NoReturn
+from typing import Callable, NamedTuple, NoReturn
 
 from archive.rundir import RunDir, RunLock, check_latest_writable, record_latest, refuse_used_dir
 from archive.store import ArchiveStore
@@ -25,7 +25,7 @@ from evolve.calibration import (
     run_settings,
 )
 from evolve.config import RunConfig
-from evolve.crash import OutputClosed, interrupt_behind, is_time_limit, time_limit_alarm
+from evolve.crash import OutputClosed, interrupt_behind, is_time_limit, output_closed, time_limit_alarm
 from evolve.evaluator import Evaluator
 from evolve.records import best_entries, record_front
 from evolve.resume import fresh_config, resumed_config
@@ -49,6 +49,13 @@ from primitives.registry import supported_primitives
 
 
 # -- termination and callbacks ------------------------------------------------------------
+class RunEnd(NamedTuple):
+    """How a run that returned ended: its front, and its status ("finished", "time-limit")."""
+
+    front: list
+    status: str
+
+
 @dataclass
 class Termination:
     """When the run stops: after ``generations``, or once ``time_limit_s`` has passed since it started."""
@@ -196,7 +203,7 @@ def prepare_context(config: RunConfig, resolver: DeploymentResolver, log: Callab
     return ctx, names, data
 
 
-def run_search(config: RunConfig, ui, given: frozenset[str] = frozenset(), started_at: float | None = None) -> list:
+def run_search(config: RunConfig, ui, given: frozenset[str] = frozenset(), started_at: float | None = None) -> RunEnd:
     """The whole run. GIVEN: RunConfig fields set on the command line (a resume checks them);
     STARTED_AT: when the command started (``--time-limit`` bounds all of it).
 
@@ -212,7 +219,7 @@ def run_search(config: RunConfig, ui, given: frozenset[str] = frozenset(), start
         return _run(config, ui, termination)
 
 
-def _run(config: RunConfig, ui, termination: Termination) -> list:
+def _run(config: RunConfig, ui, termination: Termination) -> RunEnd:
     root = Path(config.run_dir)
     resolver = DeploymentResolver.from_options(
         *(Path(v) if v else None for v in (config.model_configs, config.gpu_datasheet, config.kernels))
@@ -253,7 +260,7 @@ def _run(config: RunConfig, ui, termination: Termination) -> list:
                     at = saved.generation
                     ui.log(f"finished at generation {at}; give more --generations to go on")  # the run: below
                     record_latest(root)  # `archive best` then shows this run
-                    return store.front(resumed.run_id)
+                    return RunEnd(store.front(resumed.run_id), "finished")
     replay_model = None
     if config.experiments:
         rows, replay_model = calibrated_replay_rows(
@@ -305,9 +312,9 @@ def _run(config: RunConfig, ui, termination: Termination) -> list:
             raise
     try:
         ui.finish(entries, summary)
-    except OutputClosed:  # the run is finished and recorded: nothing to resume
-        raise OutputClosed(finished_in=root) from None
-    return entries
+    except (OutputClosed, BrokenPipeError):  # the run is recorded: a finished one has nothing to resume
+        raise output_closed(root if summary["status"] == "finished" else None) from None
+    return RunEnd(entries, summary["status"])
 
 
 def _stop(exc: BaseException, search, store, run_id: str, checkpointer, archiver=None) -> NoReturn:

@@ -14,7 +14,6 @@ lines, so logs stay readable.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import textwrap
 import time
@@ -24,7 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
 from archive.entry import ArchiveEntry
-from evolve.crash import OutputClosed
+from evolve.crash import OutputClosed, output_closed
 from evolve.front_view import print_entries
 from evolve.report import (
     ERROR_COLUMNS,
@@ -87,9 +86,16 @@ class RunUI:
         try:
             print(text, file=self.stream, flush=True)
         except BrokenPipeError:
-            if self.stream is sys.stdout:  # what is still to print (and the flush at exit) goes nowhere
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            raise OutputClosed from None
+            raise output_closed(stream=self.stream) from None
+
+    def _rich(self, write, *args, **kwargs) -> None:
+        """WRITE (a rich call): a reader gone, now or in the live display's thread, is OutputClosed."""
+        if getattr(self.console, "pipe_broken", False):
+            raise output_closed(stream=self.console.file)
+        try:
+            write(*args, **kwargs)
+        except BrokenPipeError:
+            raise output_closed(stream=self.console.file) from None
 
     def start(self, total_generations: int, time_limit_s: float | None = None) -> None:
         self._total = int(total_generations)
@@ -111,7 +117,7 @@ class RunUI:
             console=self.console,
             transient=False,
         )
-        self._progress.start()
+        self._rich(self._progress.start)
         self._task = self._progress.add_task("search", total=self._total, best="-", front="-", rate="-", eta="?")
 
     def eta_s(self, generation: int) -> float | None:
@@ -140,7 +146,8 @@ class RunUI:
                 )
             return
         if self._progress is not None:
-            self._progress.update(
+            self._rich(
+                self._progress.update,
                 self._task,
                 completed=min(int(generation), self._total),
                 best=fmt_fraction(best_error),
@@ -153,17 +160,24 @@ class RunUI:
         if self.quiet or self._progress is None:
             self._plain(message)
         else:
-            self._progress.console.print(message, markup=False, highlight=False)
+            self._rich(self._progress.console.print, message, markup=False, highlight=False)
 
     def close(self) -> None:
-        """Stop the live display (idempotent; safe after an exception)."""
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+        """Stop the live display (idempotent; safe after an exception: a closed output is the
+        next write's to report)."""
+        try:
+            self._stop_live()
+        except OutputClosed:
+            pass
+
+    def _stop_live(self) -> None:
+        progress, self._progress = self._progress, None
+        if progress is not None:
+            self._rich(progress.stop)
 
     def finish(self, entries: Iterable[ArchiveEntry], summary: dict) -> None:
         """Stop the progress display and print the front and the run summary."""
-        self.close()
+        self._stop_live()
         entries = sorted(entries, key=lambda e: (e.complexity, e.id))
         took = f"after set-up {fmt_duration(time.monotonic() - self._t0)}"  # from start(): set-up not in it
         if "wall_time_s" in summary:
@@ -186,5 +200,5 @@ class RunUI:
                 # a list or mapping wraps at 80 columns; a path or an expression stays whole
                 self._plain(textwrap.fill(text, 80, subsequent_indent="  ") if isinstance(v, (dict, list)) else text)
             return
-        print_entries(self.console, entries, _recommended_id(entries), title="Pareto front")
-        self.console.print(mapping_table(dict(summary), title=f"Run summary ({took})"))
+        self._rich(print_entries, self.console, entries, _recommended_id(entries), title="Pareto front")
+        self._rich(self.console.print, mapping_table(dict(summary), title=f"Run summary ({took})"))

@@ -188,4 +188,10 @@ def measure_scatter(table: StepTable, source: str) -> StepScatter:
         raise InputError(source, None, f"no experiment with {MIN_STEPS} or more step rows to measure the scatter on")
     pooled = np.concatenate(ratios)
     q = np.quantile(pooled, (np.arange(QUANTILES) + 0.5) / QUANTILES)
-    return StepScatter(tuple(float(v) for v in (q / q.mean()).round(6)), len(pooled), source)
+    return StepScatter(tuple(_kept_digits(float(v)) for v in q / q.mean()), len(pooled), source)
+
+
+def _kept_digits(value: float) -> float:
+    """VALUE to 6 decimals, and to 6 significant digits below 0.1: a step far faster than its
+    neighbours (a ratio under 5e-7) stays positive, as a recorded scatter must be."""
+    return round(value, 6) if value >= 0.1 else float(f"{value:.6g}")

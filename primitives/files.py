@@ -60,13 +60,16 @@ _NON_REGULAR = (
 )
 
 
+PROBE_PREFIX = ".probe."  # a write probe's name: PROBE_PREFIX + random + ".tmp" (a killed probe's leftover)
+
+
 def probe_create(directory: str | os.PathLike) -> None:
     """Create and remove a file of a fresh name in DIRECTORY, or raise the OSError that stops it.
 
     A real create, because ``os.access`` says yes to root everywhere and a read-only mount is
     no permission bit; a fresh name (mkstemp), because a fixed one could be the user's file.
     """
-    fd, probe = tempfile.mkstemp(prefix=".probe.", dir=directory)
+    fd, probe = tempfile.mkstemp(prefix=PROBE_PREFIX, suffix=".tmp", dir=directory)
     os.close(fd)
     os.unlink(probe)
 

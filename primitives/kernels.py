@@ -146,13 +146,19 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
             if missing or None in row:
                 got = f"no {', '.join(missing)}" if missing else "more fields than the header names"
                 expected = "expected one value per header field (a cut file?)"
-                raise InputError(path, f"line {reader.line_num}", f"{got}; {expected}")
+                raise InputError(path, f"line {_first_line(reader.line_num, row)}", f"{got}; {expected}")
             rows.append(row)
     except csv.Error as exc:
         raise InputError(path, None, f"not a readable CSV table ({exc})") from None
     if not rows:
         raise InputError(path, None, "expected a header and at least one row of timings")
     return rows
+
+
+def _first_line(last_line: int, row: dict) -> int:
+    """The line a CSV row starts on, from the line it ends on (a quoted value may hold newlines)."""
+    values = [v for k, v in row.items() if k is not None and v is not None] + list(row.get(None) or [])
+    return last_line - sum(str(v).count("\n") for v in values)
 
 
 def _table_key(path: Path, parts: int, tp: bool) -> tuple[int, ...]:

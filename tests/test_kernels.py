@@ -210,3 +210,12 @@ def test_a_damaged_kernels_folder_is_a_one_line_error_before_any_work(tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and what in err[0], err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_short_row_is_named_by_the_line_it_starts_on(tmp_path):
+    from primitives.kernels import _read_csv
+
+    table = tmp_path / "gemm.csv"
+    table.write_text('m,k,note\n1,2,"two\nlines"\n3,"4\n5"\n')  # rows on lines 2-3 and 4-5, the second short
+    with pytest.raises(InputError, match="line 4: no note"):
+        _read_csv(table)

@@ -1,18 +1,16 @@
 """What a command writes never replaces what it reads, and a run directory is either a run
 that can go on or unused: --json refuses the run's files and the inputs; --resume refuses an
 archive copied in from another run; an interrupt before the first generation leaves the
-directory reusable; runs started in one second take two default names; a run whose
-output is closed stops as an interrupted one."""
+directory reusable; runs started in one second take two default names."""
 
 import json
 import shutil
 import sqlite3
-import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from error_lines import TINY, assert_one_line_error, call, spawn_evolve
+from error_lines import TINY, assert_one_line_error, call
 
 from archive.rundir import default_run_dir, drop_if_unused
 from evolve.search import Search
@@ -117,27 +115,11 @@ def test_a_runs_folder_that_cannot_be_written_is_refused_before_the_search(work,
 def test_json_never_replaces_the_name_of_the_latest_run_or_the_archives_side_files(done, work, capsys):
     entry = _first_id(done, capsys)
     (done / "archive.sqlite-wal").write_bytes(b"")
-    for target in ("runs/LATEST", "runs/a/archive.sqlite-wal"):
+    for target, what in (("runs/LATEST", "the name of the latest run"), ("runs/a/archive.sqlite-wal", "archive")):
         before = Path(target).read_bytes()
         rc, _, err = call(["score", entry, "--data", "good.csv", "--json", target], capsys)
-        assert_one_line_error(rc, err, target, "--json", "would overwrite")
+        assert_one_line_error(rc, err, target, "--json", "would overwrite", what)
         assert Path(target).read_bytes() == before
-
-
-def test_output_closed_after_the_run_finished_says_it_finished(work, capsys, monkeypatch):
-    from evolve.crash import OutputClosed
-    from evolve.ui import RunUI
-
-    def closed(self, entries, summary):
-        raise OutputClosed
-
-    monkeypatch.setattr(RunUI, "finish", closed)
-    rc, _, err = call(["run", *TINY, "--run-dir", "runs/f"], capsys)
-    assert rc == 141 and len(err.strip().splitlines()) == 1, err
-    assert "after the run finished; its results are in runs/f" in err and "--resume" not in err, err
-    con = sqlite3.connect(f"file:{work / 'runs' / 'f' / 'archive.sqlite'}?mode=ro", uri=True)
-    assert [s for (s,) in con.execute("SELECT status FROM runs")] == ["finished"]
-    con.close()
 
 
 def test_runs_started_in_one_second_take_two_names(tmp_path):
@@ -166,26 +148,6 @@ def test_a_directory_whose_run_failed_before_a_checkpoint_says_how_to_reuse_it(w
     monkeypatch.chdir(work)
     rc, _, err = call(["run", *TINY, "--run-dir", "runs/c"], capsys)
     assert_one_line_error(rc, err, "runs/c", "not empty", "remove them or choose a new --run-dir")
-
-
-def test_a_run_whose_output_is_closed_stops_resumable(work):
-    """`evolve run | head -1`: the run stops as an interrupt does (checkpoint, status
-    interrupted, one line on stderr naming --resume, exit 141 as SIGPIPE gives), not failed."""
-    proc = spawn_evolve(work, "run", *TINY[:1], "50", *TINY[2:], "--run-dir", "runs/p", stdout=subprocess.PIPE)
-    try:
-        assert proc.stdout.readline().startswith("search:")
-        proc.stdout.close()
-        rc = proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    err = proc.stderr.read()
-    assert rc == 141 and len(err.strip().splitlines()) == 1, err
-    assert err.startswith("stopped: its standard output was closed") and "--resume runs/p" in err, err
-    con = sqlite3.connect(f"file:{work / 'runs' / 'p' / 'archive.sqlite'}?mode=ro", uri=True)
-    assert [s for (s,) in con.execute("SELECT status FROM runs")] == ["interrupted"]
-    con.close()
 
 
 def test_a_full_disk_outside_a_run_does_not_speak_of_the_archive(work, capsys, monkeypatch):
@@ -257,3 +219,26 @@ def test_a_directory_on_a_read_only_mount_says_so(tmp_path, monkeypatch):
     with pytest.raises(InputError) as caught:
         writable_dir(tmp_path, "--resume")
     assert str(caught.value) == f"{tmp_path}: --resume: cannot write there (read-only file system)"
+
+
+@pytest.mark.parametrize(
+    "names, how",
+    [
+        (["run.json", ".probe.k3j2.tmp", ".checkpoint.pkl.x9.tmp"], "remove them or choose a new --run-dir"),
+        (["run.json", "plots"], "choose a new --run-dir"),  # plots: a run writes none before a checkpoint
+        (["notes.probe.tmp"], "choose a new --run-dir"),
+    ],
+)
+def test_only_what_a_failed_run_leaves_is_offered_for_removal(tmp_path, names, how):
+    from archive.rundir import RunDir, refuse_used_dir
+    from primitives.errors import InputError
+
+    for name in names:
+        (tmp_path / name).mkdir() if name == "plots" else (tmp_path / name).write_text("")
+    with pytest.raises(InputError, match=how) as refused:
+        refuse_used_dir(tmp_path)
+    assert ("remove them" in str(refused.value)) == how.startswith("remove")
+    RunDir(tmp_path).remove_stale_temporaries()  # under the lock: a killed writer's leftovers go
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        n for n in names if not n.endswith(".tmp") or n.startswith("notes")
+    )

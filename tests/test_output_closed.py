@@ -1,0 +1,92 @@
+"""A run whose reader goes away (``evolve run | head``) stops as an interrupt does: exit 141,
+one line on stderr saying where its results are, never a traceback or a run marked failed.
+A finished run says it finished; one stopped early (time limit, or mid-search) says how to
+go on. The plain lines and the rich display (FORCE_COLOR) alike."""
+
+import errno
+import io
+import sqlite3
+import subprocess
+
+import pytest
+from error_lines import TINY, call, spawn_evolve
+
+from evolve.run import Termination
+
+
+class ClosingStdout(io.StringIO):
+    """Standard output whose reader goes away at the first write holding WHEN."""
+
+    def __init__(self, when: str):
+        super().__init__()
+        self.when, self.gone = when, False
+
+    def write(self, text: str) -> int:
+        if self.gone or self.when in text:
+            self.gone = True
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+        return super().write(text)
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("fileno")
+
+
+def _statuses(run_dir) -> list[str]:
+    con = sqlite3.connect(f"file:{run_dir / 'archive.sqlite'}?mode=ro", uri=True)
+    try:
+        return [s for (s,) in con.execute("SELECT status FROM runs")]
+    finally:
+        con.close()
+
+
+def _run_into(stdout: ClosingStdout, args, capsys, monkeypatch) -> tuple[int, str]:
+    capsys.readouterr()
+    with monkeypatch.context() as patch:
+        patch.setattr("sys.stdout", stdout)
+        rc, _, err = call(args, capsys)
+    assert stdout.gone, "the output never closed"
+    return rc, err
+
+
+@pytest.mark.parametrize("when", ["search finished", "run directory:"])
+def test_a_finished_run_whose_output_closes_says_where_its_results_are(when, work, capsys, monkeypatch):
+    rc, err = _run_into(ClosingStdout(when), ["run", *TINY, "--run-dir", "runs/f"], capsys, monkeypatch)
+    assert rc == 141 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "after the run finished; its results are in runs/f" in err and "--resume" not in err, err
+    assert _statuses(work / "runs" / "f") == ["finished"]
+
+
+def test_a_run_the_time_limit_stopped_is_not_said_to_have_finished(work, capsys, monkeypatch):
+    monkeypatch.setattr(Termination, "reason", lambda self, generation: "time-limit" if generation else None)
+    args = ["run", "--generations", "5", *TINY[2:], "--run-dir", "runs/t"]
+    rc, err = _run_into(ClosingStdout("search finished"), args, capsys, monkeypatch)
+    assert rc == 141 and len(err.strip().splitlines()) == 1, err
+    assert "finished" not in err.split(";")[0] and "continue with --resume runs/t" in err, err
+    assert _statuses(work / "runs" / "t") == ["interrupted"]
+
+
+def test_the_rich_display_closed_at_the_front_says_so_too(work, capsys, monkeypatch):
+    monkeypatch.setenv("FORCE_COLOR", "1")  # the live progress bar and tables, into a pipe
+    rc, err = _run_into(ClosingStdout("Pareto front"), ["run", *TINY, "--run-dir", "runs/r"], capsys, monkeypatch)
+    assert rc == 141 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "after the run finished; its results are in runs/r" in err, err
+
+
+def test_a_run_whose_output_is_closed_stops_resumable(work):
+    """`evolve run | head -1`: the run stops as an interrupt does (checkpoint, status
+    interrupted, one line on stderr naming --resume, exit 141 as SIGPIPE gives), not failed."""
+    proc = spawn_evolve(work, "run", *TINY[:1], "50", *TINY[2:], "--run-dir", "runs/p", stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().startswith("search:")
+        proc.stdout.close()
+        rc = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read()
+    assert rc == 141 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("stopped: its standard output was closed") and "--resume runs/p" in err, err
+    con = sqlite3.connect(f"file:{work / 'runs' / 'p' / 'archive.sqlite'}?mode=ro", uri=True)
+    assert [s for (s,) in con.execute("SELECT status FROM runs")] == ["interrupted"]
+    con.close()
