@@ -13,6 +13,16 @@ def entry_id_for(simplified_expression: str) -> str:
     return hashlib.sha1(simplified_expression.encode()).hexdigest()[:12]
 
 
+def simplest_per_id(entries) -> list:
+    """ENTRIES with one entry per id, in their order: two trees that fold to the same
+    expression (one id) are one model, kept at its smallest complexity."""
+    kept: dict = {}
+    for e in entries:
+        if e.id not in kept or e.complexity < kept[e.id].complexity:
+            kept[e.id] = e
+    return list(kept.values())
+
+
 @dataclass
 class ArchiveEntry:
     id: str

@@ -146,7 +146,8 @@ def default_run_dir(
     ``drop_if_unused`` removes it again when the run wrote nothing there."""
     root = Path(base) if base is not None else Path.cwd()
     stamp = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    for n in range(1, 10_000):
+    n, vanished = 1, 0
+    while n < 10_000:
         candidate = root / RUNS_DIRNAME / (f"{stamp}-seed{int(seed)}" + (f"-{n}" if n > 1 else ""))
         if not reserve and not candidate.exists():
             return candidate
@@ -154,14 +155,19 @@ def default_run_dir(
             try:
                 candidate.mkdir(parents=True)
                 return candidate
-            except FileExistsError:  # two runs in the same second
-                continue
-            except FileNotFoundError:  # runs/ went (an unused run that made it removed it): the next name
-                continue
+            except FileNotFoundError:  # runs/ went as it was made (an unused run removed it): again
+                vanished += 1
+                if vanished < 10:
+                    continue
+                raise InputError(candidate.parent, None, "keeps vanishing as it is created; pass --run-dir") from None
+            except FileExistsError:  # two runs in the same second (or runs/ is not a directory)
+                if not candidate.parent.is_dir():
+                    raise InputError(candidate.parent, None, "is not a directory; pass --run-dir") from None
             except OSError as exc:
                 raise InputError(
                     candidate, "--run-dir", f"cannot create the directory ({exc.strerror or exc})"
                 ) from None
+        n += 1
     raise InputError(root / RUNS_DIRNAME, None, f"too many runs started at {stamp}; pass --run-dir")
 
 
@@ -181,7 +187,7 @@ def drop_if_unused(root: Path, with_parent: bool = False) -> None:
 def check_latest_writable(base: str | os.PathLike | None = None) -> None:
     """Refuse before a run's work what would stop it naming itself in ``runs/LATEST`` at its end."""
     runs = (Path(base) if base is not None else Path.cwd()) / RUNS_DIRNAME
-    if runs.exists() and not runs.is_dir():
+    if (runs.exists() or runs.is_symlink()) and not runs.is_dir():  # a file, or a link to nowhere
         raise InputError(runs, None, f"is not a directory; a run names itself in {RUNS_DIRNAME}/{LATEST_FILENAME}")
     regular_target(runs / LATEST_FILENAME)
     where = runs if runs.is_dir() else runs.parent  # where LATEST, or runs/ itself, will be created

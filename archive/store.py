@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import quote
 
-from archive.entry import ArchiveEntry
+from archive.entry import ArchiveEntry, simplest_per_id
 from archive.store_json import dumps, id_list, json_or_damage
 from primitives.errors import InputError
 
@@ -248,9 +248,8 @@ class ArchiveStore:
             run_config = self._run_config(run_id, config_json)
             front_ids = _unique_ids(front)
             best_ids = _unique_ids(best_by_complexity)
-            by_id: dict[str, ArchiveEntry] = {}
-            for e in list(best_by_complexity) + list(front):  # front wins for duplicates
-                by_id[e.id] = e
+            # one model per id, as its simplest tree; at equal complexity the front's copy (simplified)
+            by_id = {e.id: e for e in simplest_per_id([*front, *best_by_complexity])}
             for entry_id, e in by_id.items():
                 row = conn.execute(
                     "SELECT generation FROM entries WHERE run_id = ? AND id = ?", (run_id, entry_id)

@@ -21,6 +21,7 @@ from pathlib import Path
 from evolve.validation_view import (
     LABELS,
     experiment_label,
+    fmt_share,
     predicted_vs_observed_figure,
     scatter_note,
     stage_label,
@@ -111,8 +112,8 @@ def _pct(fraction, signed: bool = False) -> str:
 
 
 def _fail(item: dict) -> str:
-    p, o = item.get("failure_fraction_pred"), item.get("failure_fraction_obs")
-    return f"{_num(p, 100, 3)} / {_num(o, 100, 3)}"
+    """Failed share, predicted / observed, to one decimal as the terminal's table gives it."""
+    return f"{fmt_share(item.get('failure_fraction_pred'))} / {fmt_share(item.get('failure_fraction_obs'))}"
 
 
 def error_rows(items: list[dict], stages: bool) -> list[list[str]]:
@@ -127,7 +128,7 @@ def error_rows(items: list[dict], stages: bool) -> list[list[str]]:
 
 
 def _error_header() -> list[str]:
-    return ["experiment"] + [f"{LABELS[m]} {s}" for m, s in ERROR_COLUMNS] + ["failed % pred / obs"]
+    return ["experiment"] + [f"{LABELS[m]} {s}" for m, s in ERROR_COLUMNS] + ["failed pred / obs"]
 
 
 def summary_rows(summary: dict) -> list[list[str]]:

@@ -257,10 +257,12 @@ def _run(config: RunConfig, ui, termination: Termination) -> RunEnd:
                 if not (config.experiments and config.closed_loop_checks) or any(
                     "closed_loop_checked" in h["stats"] for h in last
                 ):
-                    at = saved.generation
-                    ui.log(f"finished at generation {at}; give more --generations to go on")  # the run: below
                     record_latest(root)  # `archive best` then shows this run
-                    return RunEnd(store.front(resumed.run_id), "finished")
+                    try:
+                        ui.log(f"finished at generation {saved.generation}; give more --generations to go on")
+                    except OutputClosed:
+                        raise output_closed(root) from None
+                    return RunEnd(store.front(resumed.run_id), "finished")  # the run's lines: the caller
     replay_model = None
     if config.experiments:
         rows, replay_model = calibrated_replay_rows(

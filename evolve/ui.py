@@ -88,12 +88,13 @@ class RunUI:
         except BrokenPipeError:
             raise output_closed(stream=self.stream) from None
 
-    def _rich(self, write, *args, **kwargs) -> None:
-        """WRITE (a rich call): a reader gone, now or in the live display's thread, is OutputClosed."""
+    def _rich(self, write, *args, **kwargs):
+        """WRITE (a rich call) and its result: a reader gone, now or in the live display's
+        thread, is OutputClosed."""
         if getattr(self.console, "pipe_broken", False):
             raise output_closed(stream=self.console.file)
         try:
-            write(*args, **kwargs)
+            return write(*args, **kwargs)
         except BrokenPipeError:
             raise output_closed(stream=self.console.file) from None
 
@@ -118,7 +119,8 @@ class RunUI:
             transient=False,
         )
         self._rich(self._progress.start)
-        self._task = self._progress.add_task("search", total=self._total, best="-", front="-", rate="-", eta="?")
+        fields = {"best": "-", "front": "-", "rate": "-", "eta": "?"}
+        self._task = self._rich(self._progress.add_task, "search", total=self._total, **fields)  # it redraws
 
     def eta_s(self, generation: int) -> float | None:
         """Seconds left: by the generation rate so far, capped by the time limit."""
@@ -172,8 +174,14 @@ class RunUI:
 
     def _stop_live(self) -> None:
         progress, self._progress = self._progress, None
-        if progress is not None:
-            self._rich(progress.stop)
+        if progress is None:
+            return
+        try:  # always: stop() ends the refresh thread and gives sys.stdout and sys.stderr back
+            progress.stop()
+        except BrokenPipeError:
+            raise output_closed(stream=self.console.file) from None
+        if getattr(self.console, "pipe_broken", False):  # found by the refresh thread
+            raise output_closed(stream=self.console.file)
 
     def finish(self, entries: Iterable[ArchiveEntry], summary: dict) -> None:
         """Stop the progress display and print the front and the run summary."""
@@ -185,7 +193,8 @@ class RunUI:
         if self.quiet:
             rec = _recommended_id(entries)
             models = f"{len(entries)} model{'s' if len(entries) != 1 else ''}"
-            self._plain(f"search finished ({took}): {models} on the front")
+            ended = "finished" if summary.get("status", "finished") == "finished" else f"stopped ({summary['status']})"
+            self._plain(f"search {ended} ({took}): {models} on the front")
             for e in entries:
                 errs = " ".join(f"{k}={fmt_fraction(e.objectives[k])}" for k, _ in ERROR_COLUMNS if k in e.objectives)
                 line = (

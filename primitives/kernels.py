@@ -138,7 +138,7 @@ CONTEXT_GRID = LogGrid(4.0, 0.5, 2 * 13 + 1)  # 16 .. 131,072 tokens
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
     """The rows of a kernel table (a regular UTF-8 file with a header and at least one row)."""
-    reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
+    reader = csv.DictReader(io.StringIO(read_text(path), newline=""), strict=True)  # strict: a cut quote fails
     rows = []
     try:
         for row in reader:  # a row short of the header's fields: a file cut mid-row

@@ -57,10 +57,12 @@ def run_evolve(cwd: Path, *args, timeout: float = 120) -> subprocess.CompletedPr
     return subprocess.run(command, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
-def spawn_evolve(cwd: Path, *args, stdout=subprocess.DEVNULL) -> subprocess.Popen:
-    """``python -m evolve ARGS`` started in ``cwd``, to signal or read while it runs (stderr piped)."""
+def spawn_evolve(cwd: Path, *args, stdout=subprocess.DEVNULL, env: dict | None = None) -> subprocess.Popen:
+    """``python -m evolve ARGS`` started in ``cwd``, to signal or read while it runs (stderr piped);
+    ENV: variables beside the tests' own."""
     command = [sys.executable, "-m", "evolve", *map(str, args)]
-    return subprocess.Popen(command, cwd=cwd, env=ENV, stdout=stdout, stderr=subprocess.PIPE, text=True)
+    env = {**ENV, **(env or {})}
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True)
 
 
 def tiny_run(directory: Path) -> tuple[Path, str, Path]:

@@ -205,3 +205,15 @@ def test_run_dirs_and_latest(tmp_path: Path):
     record_latest(other, base=tmp_path)
     assert Path(latest.read_text().strip()).is_absolute()
     assert not list(latest.parent.glob(".LATEST.*"))  # no temp files left behind
+
+
+def test_two_trees_of_one_model_are_archived_at_the_simpler(store: ArchiveStore):
+    # trees of complexity 13 and 15 that fold to one expression (one id), both on the front by
+    # a rounding of their errors: one model, kept as its simpler tree whatever the order
+    simple = make_entry("2603.52 + gemm_time_us", 13, 0.0870)
+    bigger = make_entry("2603.52 + gemm_time_us", 15, 0.0870 - 1e-16)
+    store.start_run("r1", CONFIG, seed=3, fingerprint="fp1")
+    store.record_generation("r1", 0, [simple, bigger], [bigger, simple], {})
+    assert [(e.id, e.complexity) for e in store.front()] == [(simple.id, 13)]
+    store.record_generation("r1", 1, [bigger], [simple, bigger], {})
+    assert [(e.id, e.complexity) for e in store.front()] == [(simple.id, 13)]

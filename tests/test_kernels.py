@@ -219,3 +219,12 @@ def test_a_short_row_is_named_by_the_line_it_starts_on(tmp_path):
     table.write_text('m,k,note\n1,2,"two\nlines"\n3,"4\n5"\n')  # rows on lines 2-3 and 4-5, the second short
     with pytest.raises(InputError, match="line 4: no note"):
         _read_csv(table)
+
+
+def test_a_table_cut_inside_a_quoted_value_is_refused(tmp_path):
+    from primitives.kernels import _read_csv
+
+    table = tmp_path / "gemm.csv"
+    table.write_text('m,k,note\n1,2,"abc\ndef\n')  # the quote never closes: the file was cut
+    with pytest.raises(InputError, match="not a readable CSV table"):
+        _read_csv(table)

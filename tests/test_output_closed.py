@@ -5,6 +5,7 @@ go on. The plain lines and the rich display (FORCE_COLOR) alike."""
 
 import errno
 import io
+import os
 import sqlite3
 import subprocess
 
@@ -15,11 +16,13 @@ from evolve.run import Termination
 
 
 class ClosingStdout(io.StringIO):
-    """Standard output whose reader goes away at the first write holding WHEN."""
+    """Standard output whose reader goes away at the first write holding WHEN; its descriptor
+    is /dev/null's, so that silencing it (as the tool does) is exercised and harmless."""
 
     def __init__(self, when: str):
         super().__init__()
         self.when, self.gone = when, False
+        self.fd = os.open(os.devnull, os.O_WRONLY)
 
     def write(self, text: str) -> int:
         if self.gone or self.when in text:
@@ -28,7 +31,7 @@ class ClosingStdout(io.StringIO):
         return super().write(text)
 
     def fileno(self) -> int:
-        raise io.UnsupportedOperation("fileno")
+        return self.fd
 
 
 def _statuses(run_dir) -> list[str]:
@@ -43,12 +46,15 @@ def _run_into(stdout: ClosingStdout, args, capsys, monkeypatch) -> tuple[int, st
     capsys.readouterr()
     with monkeypatch.context() as patch:
         patch.setattr("sys.stdout", stdout)
-        rc, _, err = call(args, capsys)
+        try:
+            rc, _, err = call(args, capsys)
+        finally:
+            os.close(stdout.fd)
     assert stdout.gone, "the output never closed"
     return rc, err
 
 
-@pytest.mark.parametrize("when", ["search finished", "run directory:"])
+@pytest.mark.parametrize("when", ["on the front", "run directory:"])
 def test_a_finished_run_whose_output_closes_says_where_its_results_are(when, work, capsys, monkeypatch):
     rc, err = _run_into(ClosingStdout(when), ["run", *TINY, "--run-dir", "runs/f"], capsys, monkeypatch)
     assert rc == 141 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
@@ -59,7 +65,7 @@ def test_a_finished_run_whose_output_closes_says_where_its_results_are(when, wor
 def test_a_run_the_time_limit_stopped_is_not_said_to_have_finished(work, capsys, monkeypatch):
     monkeypatch.setattr(Termination, "reason", lambda self, generation: "time-limit" if generation else None)
     args = ["run", "--generations", "5", *TINY[2:], "--run-dir", "runs/t"]
-    rc, err = _run_into(ClosingStdout("search finished"), args, capsys, monkeypatch)
+    rc, err = _run_into(ClosingStdout("on the front"), args, capsys, monkeypatch)
     assert rc == 141 and len(err.strip().splitlines()) == 1, err
     assert "finished" not in err.split(";")[0] and "continue with --resume runs/t" in err, err
     assert _statuses(work / "runs" / "t") == ["interrupted"]
@@ -72,12 +78,12 @@ def test_the_rich_display_closed_at_the_front_says_so_too(work, capsys, monkeypa
     assert "after the run finished; its results are in runs/r" in err, err
 
 
-def test_a_run_whose_output_is_closed_stops_resumable(work):
-    """`evolve run | head -1`: the run stops as an interrupt does (checkpoint, status
-    interrupted, one line on stderr naming --resume, exit 141 as SIGPIPE gives), not failed."""
-    proc = spawn_evolve(work, "run", *TINY[:1], "50", *TINY[2:], "--run-dir", "runs/p", stdout=subprocess.PIPE)
+def _closed_mid_search(work, run_dir: str, read, env: dict | None = None) -> str:
+    """A 50-generation run whose reader takes READ(stdout) and goes away: its stderr (exit 141, one line)."""
+    args = ("run", *TINY[:1], "50", *TINY[2:], "--run-dir", run_dir)
+    proc = spawn_evolve(work, *args, stdout=subprocess.PIPE, env=env)
     try:
-        assert proc.stdout.readline().startswith("search:")
+        read(proc.stdout)
         proc.stdout.close()
         rc = proc.wait(timeout=120)
     finally:
@@ -85,8 +91,38 @@ def test_a_run_whose_output_is_closed_stops_resumable(work):
             proc.kill()
             proc.wait()
     err = proc.stderr.read()
-    assert rc == 141 and len(err.strip().splitlines()) == 1, err
-    assert err.startswith("stopped: its standard output was closed") and "--resume runs/p" in err, err
-    con = sqlite3.connect(f"file:{work / 'runs' / 'p' / 'archive.sqlite'}?mode=ro", uri=True)
-    assert [s for (s,) in con.execute("SELECT status FROM runs")] == ["interrupted"]
-    con.close()
+    assert rc == 141 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("stopped: its standard output was closed"), err
+    return err
+
+
+def test_a_run_whose_output_is_closed_stops_resumable(work):
+    """`evolve run | head -1`: the run stops as an interrupt does (checkpoint, status
+    interrupted, one line on stderr naming --resume, exit 141 as SIGPIPE gives), not failed."""
+
+    def first_line(stdout):
+        assert stdout.readline().startswith("search:")
+
+    assert "--resume runs/p" in _closed_mid_search(work, "runs/p", first_line)
+    assert _statuses(work / "runs" / "p") == ["interrupted"]
+
+
+def test_the_rich_display_closed_mid_search_still_says_so(work):
+    """`FORCE_COLOR=1 evolve run | head -c 10`: the live display's refresh thread meets the
+    closed pipe; the run stops with its one line on stderr (rich had stderr redirected)."""
+
+    def ten_bytes(stdout):
+        assert len(stdout.read(10)) == 10
+
+    err = _closed_mid_search(work, "runs/q", ten_bytes, env={"FORCE_COLOR": "1"})
+    # how to go on, or (closed before the first checkpoint) that nothing was kept
+    assert "--resume runs/q" in err or "nothing was written" in err, err
+
+
+def test_a_finished_run_resumed_for_nothing_names_itself_latest_even_if_its_output_closes(work, capsys, monkeypatch):
+    for name in ("f", "g"):  # LATEST names g
+        assert call(["run", *TINY, "--run-dir", f"runs/{name}"], capsys)[0] == 0
+    args = ["run", "--generations", "1", "--resume", "runs/f"]
+    rc, err = _run_into(ClosingStdout("finished at generation 1"), args, capsys, monkeypatch)
+    assert rc == 141 and "after the run finished; its results are in runs/f" in err, err
+    assert (work / "runs" / "LATEST").read_text().strip() == "runs/f"

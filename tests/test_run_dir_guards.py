@@ -242,3 +242,9 @@ def test_only_what_a_failed_run_leaves_is_offered_for_removal(tmp_path, names, h
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         n for n in names if not n.endswith(".tmp") or n.startswith("notes")
     )
+
+
+def test_a_runs_link_to_nowhere_is_one_line(work, capsys):
+    (work / "runs").symlink_to(work / "gone")
+    rc, _, err = call(["run", *TINY], capsys)
+    assert_one_line_error(rc, err, "runs: is not a directory")

@@ -364,3 +364,10 @@ def test_the_report_says_what_the_figures_are_the_mean_of(validated):
     assert "the mean of 3 draws of the load (arrival times and prompt lengths; seeds 0-2)" in page
     assert "simulated 0.5 to 0.75 s over the draws of the load: the observation is outside" in page
     assert "observed inside the range of the draws" in page and "<td>3 of 4</td>" in page
+
+
+def test_the_failed_share_reads_as_the_terminal_gives_it():
+    from evolve.html_report import error_rows
+
+    item = {"name": "20260218-x-tp2-reasoning", "failure_fraction_pred": 0.0635, "failure_fraction_obs": None}
+    assert error_rows([item], stages=False)[0][-1] == "6.3% / —"  # one decimal, as fmt_share; no result: —
