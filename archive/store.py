@@ -248,8 +248,10 @@ class ArchiveStore:
             run_config = self._run_config(run_id, config_json)
             front_ids = _unique_ids(front)
             best_ids = _unique_ids(best_by_complexity)
-            # one model per id, as its simplest tree; at equal complexity the front's copy (simplified)
-            by_id = {e.id: e for e in simplest_per_id([*front, *best_by_complexity])}
+            # one model per id: the front's copy (simplified; as the run printed it), else the
+            # simplest best-by-complexity tree; each list at its simplest tree of the id
+            by_id = {e.id: e for e in simplest_per_id(front)}
+            by_id.update((e.id, e) for e in simplest_per_id(best_by_complexity) if e.id not in by_id)
             for entry_id, e in by_id.items():
                 row = conn.execute(
                     "SELECT generation FROM entries WHERE run_id = ? AND id = ?", (run_id, entry_id)

