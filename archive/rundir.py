@@ -146,28 +146,28 @@ def default_run_dir(
     ``drop_if_unused`` removes it again when the run wrote nothing there."""
     root = Path(base) if base is not None else Path.cwd()
     stamp = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    n, vanished = 1, 0
-    while n < 10_000:
+    for n in range(1, 10_000):
         candidate = root / RUNS_DIRNAME / (f"{stamp}-seed{int(seed)}" + (f"-{n}" if n > 1 else ""))
-        if not reserve and not candidate.exists():
-            return candidate
-        if reserve:
+        if not reserve:
+            if not candidate.exists():
+                return candidate
+            continue
+        for _ in range(10):  # runs/ may go as it is made (an unused run removing it): the same name again
             try:
                 candidate.mkdir(parents=True)
                 return candidate
-            except FileNotFoundError:  # runs/ went as it was made (an unused run removed it): again
-                vanished += 1
-                if vanished < 10:
-                    continue
-                raise InputError(candidate.parent, None, "keeps vanishing as it is created; pass --run-dir") from None
-            except FileExistsError:  # two runs in the same second (or runs/ is not a directory)
+            except FileNotFoundError:
+                continue
+            except FileExistsError:  # two runs in the same second: the next name (or runs/ is no directory)
                 if not candidate.parent.is_dir():
                     raise InputError(candidate.parent, None, "is not a directory; pass --run-dir") from None
+                break
             except OSError as exc:
                 raise InputError(
                     candidate, "--run-dir", f"cannot create the directory ({exc.strerror or exc})"
                 ) from None
-        n += 1
+        else:
+            raise InputError(candidate.parent, None, "keeps vanishing as it is created; pass --run-dir")
     raise InputError(root / RUNS_DIRNAME, None, f"too many runs started at {stamp}; pass --run-dir")
 
 

@@ -25,7 +25,7 @@ from evolve.calibration import (
     run_settings,
 )
 from evolve.config import RunConfig
-from evolve.crash import OutputClosed, interrupt_behind, is_time_limit, output_closed, time_limit_alarm
+from evolve.crash import OutputClosed, interrupt_behind, is_time_limit, time_limit_alarm
 from evolve.evaluator import Evaluator
 from evolve.records import best_entries, record_front
 from evolve.resume import fresh_config, resumed_config
@@ -260,8 +260,8 @@ def _run(config: RunConfig, ui, termination: Termination) -> RunEnd:
                     record_latest(root)  # `archive best` then shows this run
                     try:
                         ui.log(f"finished at generation {saved.generation}; give more --generations to go on")
-                    except OutputClosed:
-                        raise output_closed(root) from None
+                    except OutputClosed:  # the UI has silenced its output already
+                        raise OutputClosed(finished_in=root) from None
                     return RunEnd(store.front(resumed.run_id), "finished")  # the run's lines: the caller
     replay_model = None
     if config.experiments:
@@ -314,8 +314,8 @@ def _run(config: RunConfig, ui, termination: Termination) -> RunEnd:
             raise
     try:
         ui.finish(entries, summary)
-    except (OutputClosed, BrokenPipeError):  # the run is recorded: a finished one has nothing to resume
-        raise output_closed(root if summary["status"] == "finished" else None) from None
+    except OutputClosed:  # the run is recorded: a finished one has nothing to resume (the UI silenced its output)
+        raise OutputClosed(finished_in=root if summary["status"] == "finished" else None) from None
     return RunEnd(entries, summary["status"])
 
 

@@ -91,12 +91,16 @@ class RunUI:
     def _rich(self, write, *args, **kwargs):
         """WRITE (a rich call) and its result: a reader gone, now or in the live display's
         thread, is OutputClosed."""
-        if getattr(self.console, "pipe_broken", False):
-            raise output_closed(stream=self.console.file)
+        self._raise_if_pipe_broken()
         try:
             return write(*args, **kwargs)
         except BrokenPipeError:
             raise output_closed(stream=self.console.file) from None
+
+    def _raise_if_pipe_broken(self) -> None:
+        """OutputClosed if the live display's refresh thread found the reader gone (make_console)."""
+        if getattr(self.console, "pipe_broken", False):
+            raise output_closed(stream=self.console.file)
 
     def start(self, total_generations: int, time_limit_s: float | None = None) -> None:
         self._total = int(total_generations)
@@ -179,12 +183,11 @@ class RunUI:
         progress, self._progress = self._progress, None
         if progress is None:
             return
-        try:  # always: stop() ends the refresh thread and gives sys.stdout and sys.stderr back
+        try:  # always, so not through _rich: stop() ends the refresh thread and gives sys.stdout and sys.stderr back
             progress.stop()
         except BrokenPipeError:
             raise output_closed(stream=self.console.file) from None
-        if getattr(self.console, "pipe_broken", False):  # found by the refresh thread
-            raise output_closed(stream=self.console.file)
+        self._raise_if_pipe_broken()
 
     def finish(self, entries: Iterable[ArchiveEntry], summary: dict) -> None:
         """Stop the progress display and print the front and the run summary."""
