@@ -6,6 +6,12 @@ latency error when experiments are given. Candidates are scored as picklable pro
 additive coefficients are fitted by least squares (``fitness.scoring``). Bloat is held
 by static height and size limits (``evolve.toolbox``) and by complexity as an
 objective. The same seed and data give the same archive.
+
+A step-only search also keeps one candidate per objective vector: without it the population
+fills with programs that fit alike (``x`` beside ``x + 0*y``), the front shrinks to three to
+eight models and most seeds stall on a worse structure (docs/RESULTS.md, "One candidate per
+objective vector"). With replayed experiments it does not: there every new candidate costs
+closed-loop simulations, and the wider search took three times as long for the same terms.
 """
 
 from __future__ import annotations
@@ -86,6 +92,7 @@ class Search:
         self.names = primitive_names
         self.evaluator = evaluator
         self.with_replay = ctx.replay is not None
+        self.distinct_objectives = not self.with_replay  # see the module's docstring
         self.Individual = individual_class(len(OBJECTIVE_NAMES[self.with_replay]))
         self.pset = build_pset(primitive_names)
         self.toolbox = make_toolbox(self.pset, config.max_depth, config.max_size)
@@ -133,10 +140,15 @@ class Search:
             uniq.setdefault(canonical(p), p)
         progs = list(uniq.values())
         scores = self.evaluator.score(progs)
-        inds = []
+        inds, seen = [], set()
         for p, s in zip(progs, scores, strict=True):
+            values = objectives_of(s, self.with_replay)
+            phenotype = tuple(round(v, 9) for v in values)  # the same fit to rounding
+            if self.distinct_objectives and phenotype in seen:
+                continue
+            seen.add(phenotype)
             ind = self._tree(p)
-            ind.fitness.values = objectives_of(s, self.with_replay)
+            ind.fitness.values = values
             inds.append(ind)
         chosen = tools.selNSGA2(inds, min(k, len(inds)))
         chosen_programs = [tree_to_program(t) for t in chosen]

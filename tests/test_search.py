@@ -166,3 +166,23 @@ def test_an_interrupt_while_rescoring_under_new_rows_leaves_the_search_as_it_was
         ev.score = real_score
         s.replace_context(new_ctx)  # uninterrupted, it takes the new rows
         assert s.ctx is new_ctx and [canonical(p) for p, _ in s.front()]
+
+
+def test_a_step_only_search_keeps_one_candidate_per_objective_vector():
+    """Two programs that fit the same (a refitted coefficient absorbs 2 against 3) are one
+    phenotype: a step-only search keeps one and makes room for another structure; a search
+    with replayed experiments, whose every new candidate costs simulations, keeps both."""
+    table = planted_table(n=1500)
+    twice = (("op", "mul"), ("const", 2.0), ("var", "weight_time_us"))
+    thrice = (("op", "mul"), ("const", 3.0), ("var", "weight_time_us"))
+    other = (("op", "add"), ("var", "decode_tokens"), ("op", "mul"), ("const", 2.0), ("var", "kv_tokens"))
+    ctx = FitnessContext(table)
+    with Evaluator(ctx, 1) as ev:
+        s = Search(RunConfig(generations=1, population=2, seed=0, jobs=1), ctx, table.primitive_names, ev)
+        a, b, c = ev.score([twice, thrice, other])
+        assert (a.train_error, a.complexity) == pytest.approx((b.train_error, b.complexity), rel=1e-12)
+        assert a.train_error < c.train_error and a.complexity < c.complexity  # other is dominated
+        assert s.distinct_objectives
+        assert set(s._select([twice, thrice, other], 2)) == {twice, other}
+        s.distinct_objectives = False  # as with replayed experiments
+        assert set(s._select([twice, thrice, other], 2)) == {twice, thrice}
