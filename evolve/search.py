@@ -152,7 +152,8 @@ class Search:
             inds.append(ind)
         chosen = tools.selNSGA2(inds, min(k, len(inds)))
         chosen_programs = [tree_to_program(t) for t in chosen]
-        # keep a full population: refill from the best of the rest if duplicates shrank it
+        # keep a full population: where duplicates shrank it, top it up from the candidates in
+        # their order (repeated fits and chosen ones included)
         while len(chosen_programs) < k and progs:
             chosen_programs.append(progs[len(chosen_programs) % len(progs)])
         return chosen_programs

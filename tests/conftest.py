@@ -113,3 +113,26 @@ def archive(tmp_path_factory):
     from error_lines import tiny_run  # it imports this module
 
     return tiny_run(tmp_path_factory.mktemp("archive"))
+
+
+def tiny_replay_rows(probes=None):
+    """Replayed rows of one experiment: two metrics, the first and the last of four step
+    times of a column ``x`` whose true price is 10 per unit (PROBES: probe steps, or None)."""
+    import numpy as np
+
+    from fitness.replay_rows import ReplayRows
+    from fitness.sim.latency_model import FITTED_NON_STEP_NAMES
+
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    w = np.array([[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])  # the first and the last step time
+    return ReplayRows(
+        names=["e"],
+        models=["m"],
+        columns=[{"x": x}],
+        weights=[w],
+        overhead=[np.zeros((2, len(FITTED_NON_STEP_NAMES)))],
+        fixed_us=[np.zeros(2)],
+        observed_us=[w @ (10.0 * x)],
+        labels=[[("e2e", "all"), ("itl", "all")]],
+        probes=probes,
+    )

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import tiny_replay_rows
 
 from fitness.sim.engine import simulate
-from fitness.sim.latency_model import FITTED_NON_STEP_NAMES, SIMULATED_NON_STEP_NAMES, NonStepTerms
+from fitness.sim.latency_model import SIMULATED_NON_STEP_NAMES, NonStepTerms
 from fitness.sim.replay import evaluate_weights, metric_weights, replay, replay_times
 from primitives.data.experiments import ExperimentSpec
 from primitives.deployment import DeploymentResolver
@@ -135,7 +136,7 @@ def test_replay_is_teacher_forced(runs):
     assert slower.e2e_mean_s > base.e2e_mean_s and slower.itl_mean_s > base.itl_mean_s
 
 
-def test_replay_without_batch_rows(runs):
+def test_replay_without_batchtiny_replay_rows(runs):
     tr = runs[1].trajectory
     slim = tr.without_batches()
     assert slim.batch_request.size == 0
@@ -144,34 +145,16 @@ def test_replay_without_batch_rows(runs):
     assert a == b
 
 
-def _rows(probes):
-    from fitness.replay_rows import ReplayRows
-
-    x = np.array([1.0, 2.0, 3.0, 4.0])
-    w = np.array([[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])  # the first and the last step time
-    return ReplayRows(
-        names=["e"],
-        models=["m"],
-        columns=[{"x": x}],
-        weights=[w],
-        overhead=[np.zeros((2, len(FITTED_NON_STEP_NAMES)))],
-        fixed_us=[np.zeros(2)],
-        observed_us=[w @ (10.0 * x)],
-        labels=[[("e2e", "all"), ("itl", "all")]],
-        probes=probes,
-    )
-
-
 def test_a_fit_that_goes_negative_on_a_probe_step_is_rejected():
     """Replayed rows average blocks of steps; a probe is a single step that must get a time > 0."""
     from fitness.scoring import FitnessContext, fit_terms
 
     term = [lambda cols, n: cols["x"]]
-    ok = fit_terms(term, FitnessContext(None, _rows([{"x": np.array([0.5, 4.0])}])))
+    ok = fit_terms(term, FitnessContext(None, tiny_replay_rows([{"x": np.array([0.5, 4.0])}])))
     assert ok.ok and ok.coefficients[0] == pytest.approx(10.0)
-    bad = fit_terms(term, FitnessContext(None, _rows([{"x": np.array([-1.0, 4.0])}])))
+    bad = fit_terms(term, FitnessContext(None, tiny_replay_rows([{"x": np.array([-1.0, 4.0])}])))
     assert not bad.ok
-    assert fit_terms(term, FitnessContext(None, _rows(None))).ok  # rows without probes: no check
+    assert fit_terms(term, FitnessContext(None, tiny_replay_rows(None))).ok  # rows without probes: no check
 
 
 def test_probe_steps_cover_pure_prefill_and_the_extremes():
@@ -192,7 +175,7 @@ def test_a_replay_fit_stores_every_non_step_term():
     from fitness.scoring import FitnessContext, fit_terms
     from fitness.sim.latency_model import NON_STEP_NAMES
 
-    got = fit_terms([lambda cols, n: cols["x"]], FitnessContext(None, _rows(None))).overheads
+    got = fit_terms([lambda cols, n: cols["x"]], FitnessContext(None, tiny_replay_rows(None))).overheads
     assert set(got) == set(NON_STEP_NAMES)
     assert {
         "queueing_base_us",
