@@ -132,6 +132,10 @@ class Evaluator:
         self.backend = backend
         self.scheduler = scheduler
         self.memo: dict[str, Score] = {}  # since the last reset
+        # the copy of each canonical form that was scored (since the last reset): a fit follows
+        # its program's term order, so mirrored copies differ in the last bits; a resumed run
+        # scores the copy the interrupted one did (the checkpoint carries these)
+        self.scored_copies: dict[str, Program] = {}
         self.seen: set[str] = set()  # every candidate scored by this evaluator, across resets
         self._map = None
 
@@ -150,6 +154,7 @@ class Evaluator:
         self.__exit__(None, None, None)
         self.ctx = ctx
         self.memo.clear()
+        self.scored_copies.clear()
         self.__enter__()
 
     def score(self, programs: list[Program]) -> list[Score]:
@@ -157,7 +162,7 @@ class Evaluator:
         todo: dict[str, Program] = {}
         for k, p in zip(keys, programs, strict=True):
             if k not in self.memo and k not in todo:
-                todo[k] = p
+                todo[k] = self.scored_copies.setdefault(k, p)
         if todo:
             items = list(todo.items())
             progs = [p for _, p in items]

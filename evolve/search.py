@@ -43,6 +43,8 @@ class SearchState:
     # best candidate at each complexity, over the whole run: complexity -> (program, generation)
     hall: dict[int, tuple[Program, int]] = field(default_factory=dict)
     first_seen: dict[str, int] = field(default_factory=dict)  # canonical -> generation found
+    # canonical -> the copy the evaluator scored (``Evaluator.scored_copies``), as checkpointed
+    scored_copies: dict[str, Program] = field(default_factory=dict)
     python_random_state: object = None
     evaluations: int = 0
     elapsed_s: float = 0.0
@@ -189,6 +191,7 @@ class Search:
         archives and checkpoints them), not a hall half rescored under new rows."""
         programs = [p for p, _ in self.state.hall.values()] + list(self.state.population)
         old_hall, old_memo, old_ctx = self.state.hall, dict(self.evaluator.memo), self.evaluator.ctx
+        old_copies = dict(self.evaluator.scored_copies)
         self.evaluator.reset(ctx)
         try:
             scores = self.evaluator.score(programs)
@@ -201,6 +204,8 @@ class Search:
             self.state.hall = old_hall
             self.evaluator.memo.clear()
             self.evaluator.memo.update(old_memo)
+            self.evaluator.scored_copies.clear()
+            self.evaluator.scored_copies.update(old_copies)
             self.evaluator.ctx = old_ctx
             raise
         self.ctx = ctx
@@ -223,6 +228,7 @@ class Search:
     def save_checkpoint(self, path: Path, owner: dict | None = None) -> None:
         """Atomic: a killed run leaves the previous checkpoint whole. OWNER (run token, data
         fingerprint) says which run it belongs to; a SHA-256 trailer proves it whole."""
+        self.state.scored_copies = dict(self.evaluator.scored_copies)
         payload = {
             "config": self.config.to_dict(),
             "state": self.state,
@@ -272,5 +278,7 @@ class Search:
     def load_checkpoint(self, path: Path, owner: dict | None = None) -> None:
         payload = self.read_checkpoint(path, owner)
         self.state = payload["state"]
-        # scores are deterministic: rescore the population and hall to refill the memo
+        # scores are deterministic: rescore the population and hall to refill the memo, each form
+        # as the copy the interrupted run scored (a checkpoint from before scored_copies has none)
+        self.evaluator.scored_copies.update(getattr(self.state, "scored_copies", None) or {})
         self.evaluator.score(list(self.state.population) + [p for p, _ in self.state.hall.values()])

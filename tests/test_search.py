@@ -188,3 +188,53 @@ def test_a_step_only_search_keeps_one_candidate_per_objective_vector():
         cfg = RunConfig(generations=1, population=2, seed=0, jobs=1)
         with_replay = FitnessContext(table, replay=tiny_replay_rows())
         assert not Search(cfg, with_replay, table.primitive_names, ev).distinct_objectives
+
+
+def test_a_resumed_run_scores_each_form_as_the_interrupted_run_did():
+    """A fit follows its program's term order, so two mirrored copies of one canonical form
+    differ in the last bits. The memo holds the copy scored first; a resumed run, whose memo
+    starts empty, scored whichever copy came first after the resume, and took other branches
+    on those bits (a front that differed at complexity 7 and 9). The checkpoint now carries
+    the scored copies."""
+    table = planted_table(n=1500)
+    ab = (("op", "add"), ("var", "weight_time_us"), ("var", "kv_io_time_us"))
+    ba = (("op", "add"), ("var", "kv_io_time_us"), ("var", "weight_time_us"))
+    assert canonical(ab) == canonical(ba)
+    ctx = FitnessContext(table)
+    with Evaluator(ctx, 1) as ev:
+        (first,) = ev.score([ab])
+    with Evaluator(ctx, 1) as fresh:
+        (mirror,) = fresh.score([ba])
+    assert mirror.objectives != first.objectives  # apart in the last bits: what the resume lost
+    with Evaluator(ctx, 1) as resumed:
+        resumed.scored_copies.update({canonical(ab): ab})
+        (again,) = resumed.score([ba])
+    assert again == first
+
+
+def test_a_run_resumed_from_its_checkpoint_ends_as_the_uninterrupted_run(tmp_path):
+    table = planted_table(n=1500)
+    cfg = RunConfig(generations=6, population=40, seed=5, jobs=1)
+    ctx = FitnessContext(table)
+
+    def front(s):
+        return [(canonical(p), sc.train_error, tuple(sc.coefficients)) for p, sc in s.front()]
+
+    with Evaluator(ctx, 1) as ev:
+        whole = Search(cfg, ctx, table.primitive_names, ev)
+        whole.initialise()
+        for _ in range(6):
+            whole.step()
+    with Evaluator(ctx, 1) as ev:
+        first = Search(cfg, ctx, table.primitive_names, ev)
+        first.initialise()
+        for _ in range(3):
+            first.step()
+        first.save_checkpoint(tmp_path / "checkpoint.pkl")
+    with Evaluator(ctx, 1) as ev:
+        resumed = Search(cfg, ctx, table.primitive_names, ev)
+        resumed.load_checkpoint(tmp_path / "checkpoint.pkl")
+        for _ in range(3):
+            resumed.step()
+    assert front(resumed) == front(whole)
+    assert resumed.state.population == whole.state.population
