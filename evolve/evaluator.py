@@ -157,6 +157,19 @@ class Evaluator:
         self.scored_copies.clear()
         self.__enter__()
 
+    def scores_kept(self) -> tuple:
+        """What ``reset`` forgets (context, memo, scored copies), to ``restore`` if a rescoring is cut short."""
+        return self.ctx, dict(self.memo), dict(self.scored_copies)
+
+    def restore(self, kept: tuple) -> None:
+        """The context and scores of ``scores_kept`` again (the workers keep the newer rows: no
+        pool restart while an interrupt unwinds)."""
+        self.ctx, memo, copies = kept
+        self.memo.clear()
+        self.memo.update(memo)
+        self.scored_copies.clear()
+        self.scored_copies.update(copies)
+
     def score(self, programs: list[Program]) -> list[Score]:
         keys = [canonical(p) for p in programs]
         todo: dict[str, Program] = {}

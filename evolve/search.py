@@ -43,8 +43,6 @@ class SearchState:
     # best candidate at each complexity, over the whole run: complexity -> (program, generation)
     hall: dict[int, tuple[Program, int]] = field(default_factory=dict)
     first_seen: dict[str, int] = field(default_factory=dict)  # canonical -> generation found
-    # canonical -> the copy the evaluator scored (``Evaluator.scored_copies``), as checkpointed
-    scored_copies: dict[str, Program] = field(default_factory=dict)
     python_random_state: object = None
     evaluations: int = 0
     elapsed_s: float = 0.0
@@ -190,8 +188,7 @@ class Search:
         interrupt while rescoring leaves the context and the hall as they were (the run then
         archives and checkpoints them), not a hall half rescored under new rows."""
         programs = [p for p, _ in self.state.hall.values()] + list(self.state.population)
-        old_hall, old_memo, old_ctx = self.state.hall, dict(self.evaluator.memo), self.evaluator.ctx
-        old_copies = dict(self.evaluator.scored_copies)
+        old_hall, old_scores = self.state.hall, self.evaluator.scores_kept()
         self.evaluator.reset(ctx)
         try:
             scores = self.evaluator.score(programs)
@@ -199,14 +196,9 @@ class Search:
             for p, s in zip(programs, scores, strict=True):
                 self._offer(p, s, self.state.generation)
         except BaseException:
-            # the hall's scores are read from the memo: both as they were. The workers keep the
-            # new rows (no pool restart while an interrupt unwinds); the run is stopping
+            # the hall's scores are read from the memo: both as they were; the run is stopping
             self.state.hall = old_hall
-            self.evaluator.memo.clear()
-            self.evaluator.memo.update(old_memo)
-            self.evaluator.scored_copies.clear()
-            self.evaluator.scored_copies.update(old_copies)
-            self.evaluator.ctx = old_ctx
+            self.evaluator.restore(old_scores)
             raise
         self.ctx = ctx
 
@@ -228,12 +220,12 @@ class Search:
     def save_checkpoint(self, path: Path, owner: dict | None = None) -> None:
         """Atomic: a killed run leaves the previous checkpoint whole. OWNER (run token, data
         fingerprint) says which run it belongs to; a SHA-256 trailer proves it whole."""
-        self.state.scored_copies = dict(self.evaluator.scored_copies)
         payload = {
             "config": self.config.to_dict(),
             "state": self.state,
             "names": self.names,
             "owner": dict(owner or {}),
+            "scored_copies": self.evaluator.scored_copies,  # which copy of each form was scored
         }
         data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
         atomic_write_bytes(path, data + CHECKSUM_TAG + hashlib.sha256(data).hexdigest().encode())
@@ -280,5 +272,5 @@ class Search:
         self.state = payload["state"]
         # scores are deterministic: rescore the population and hall to refill the memo, each form
         # as the copy the interrupted run scored (a checkpoint from before scored_copies has none)
-        self.evaluator.scored_copies.update(getattr(self.state, "scored_copies", None) or {})
+        self.evaluator.scored_copies.update(payload.get("scored_copies") or {})
         self.evaluator.score(list(self.state.population) + [p for p, _ in self.state.hall.values()])

@@ -177,15 +177,15 @@ def test_a_step_only_search_keeps_one_candidate_per_objective_vector():
     thrice = (("op", "mul"), ("const", 3.0), ("var", "weight_time_us"))
     other = (("op", "add"), ("var", "decode_tokens"), ("op", "mul"), ("const", 2.0), ("var", "kv_tokens"))
     ctx = FitnessContext(table)
+    cfg = RunConfig(generations=1, population=2, seed=0, jobs=1)
     with Evaluator(ctx, 1) as ev:
-        s = Search(RunConfig(generations=1, population=2, seed=0, jobs=1), ctx, table.primitive_names, ev)
+        s = Search(cfg, ctx, table.primitive_names, ev)
         a, b, c = ev.score([twice, thrice, other])
         assert (a.train_error, a.complexity) == pytest.approx((b.train_error, b.complexity), rel=1e-12)
         assert a.train_error < c.train_error and a.complexity < c.complexity  # other is dominated
         assert set(s._select([twice, thrice, other], 2)) == {twice, other}
         s.distinct_objectives = False  # as with replayed experiments
         assert set(s._select([twice, thrice, other], 2)) == {twice, thrice}
-        cfg = RunConfig(generations=1, population=2, seed=0, jobs=1)
         with_replay = FitnessContext(table, replay=tiny_replay_rows())
         assert not Search(cfg, with_replay, table.primitive_names, ev).distinct_objectives
 

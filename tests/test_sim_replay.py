@@ -136,7 +136,7 @@ def test_replay_is_teacher_forced(runs):
     assert slower.e2e_mean_s > base.e2e_mean_s and slower.itl_mean_s > base.itl_mean_s
 
 
-def test_replay_without_batchtiny_replay_rows(runs):
+def test_replay_without_batch_rows(runs):
     tr = runs[1].trajectory
     slim = tr.without_batches()
     assert slim.batch_request.size == 0
