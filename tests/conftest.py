@@ -1,4 +1,5 @@
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -6,6 +7,18 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_temp_folder(tmp_path_factory) -> Path:
+    """The code under test writes its temp files (crash logs of the tests that make one, for
+    instance) into pytest's own folder, not the machine's temp folder; subprocesses too."""
+    folder = tmp_path_factory.mktemp("tmp")
+    patch = pytest.MonkeyPatch()
+    patch.setattr(tempfile, "tempdir", str(folder))
+    patch.setenv("TMPDIR", str(folder))
+    yield folder
+    patch.undo()
 
 
 def load_benchmark(name: str):

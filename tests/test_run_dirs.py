@@ -412,7 +412,7 @@ def test_an_interrupt_raised_inside_compiled_code_stops_the_run_as_ctrl_c_does(w
     assert Search.peek_checkpoint(work / "runs" / "t" / "checkpoint.pkl").generation >= 1
 
 
-def test_a_genuine_system_error_is_a_failure_not_an_interrupt(work, monkeypatch, capsys):
+def test_a_genuine_system_error_is_a_failure_not_an_interrupt(work, monkeypatch, capsys, private_temp_folder):
     import evolve.run
 
     def broken(search, termination, callbacks):
@@ -424,6 +424,8 @@ def test_a_genuine_system_error_is_a_failure_not_an_interrupt(work, monkeypatch,
     )
     assert rc == 1 and "unexpected SystemError" in err and len(err.strip().splitlines()) == 1, err
     assert status_of(work / "runs" / "t") == ["failed"]
+    logs = list(private_temp_folder.glob("stepsynth-crash-*.log"))
+    assert any(str(log) in err and "SystemError: a C extension failed" in log.read_text() for log in logs), err
 
 
 def test_a_full_disk_while_checkpointing_after_ctrl_c_stays_a_full_disk(work, monkeypatch, capsys):
