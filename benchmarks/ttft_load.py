@@ -10,7 +10,7 @@ least-squares line of the medians' gap against the running requests, and its cor
 
 A queueing time that ignores the load leaves a gap that grows with the running requests
 (µs per request > 0); ``queueing_per_running_request_us`` is the term that takes it up
-(README, "Non-step terms"). Medians, because a mean also carries the queue's tail.
+(docs/HOW_IT_WORKS.md, "Non-step terms"). Medians, because a mean also carries the queue's tail.
 """
 
 from __future__ import annotations

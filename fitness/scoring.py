@@ -424,7 +424,7 @@ def fit_terms(
         )
         if transfer is not None:
             objectives["transfer_error_linear"] = transfer_error = transfer
-    # with replayed experiments every non-step term is stored, those not fitted at 0 (README:
+    # with replayed experiments every non-step term is stored, those not fitted at 0 (docs/HOW_IT_WORKS.md:
     # "Non-step terms" says why they cannot be told apart or fitted from these data)
     overheads: dict[str, float] = {}
     if n_over:
