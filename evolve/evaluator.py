@@ -164,11 +164,7 @@ class Evaluator:
     def restore(self, kept: tuple) -> None:
         """The context and scores of ``scores_kept`` again (the workers keep the newer rows: no
         pool restart while an interrupt unwinds)."""
-        self.ctx, memo, copies = kept
-        self.memo.clear()
-        self.memo.update(memo)
-        self.scored_copies.clear()
-        self.scored_copies.update(copies)
+        self.ctx, self.memo, self.scored_copies = kept  # scores_kept made them copies
 
     def score(self, programs: list[Program]) -> list[Score]:
         keys = [canonical(p) for p in programs]

@@ -1,5 +1,6 @@
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,15 +11,14 @@ if str(ROOT) not in sys.path:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def private_temp_folder(tmp_path_factory) -> Path:
+def private_temp_folder(tmp_path_factory) -> Iterator[Path]:
     """The code under test writes its temp files (crash logs of the tests that make one, for
     instance) into pytest's own folder, not the machine's temp folder; subprocesses too."""
     folder = tmp_path_factory.mktemp("tmp")
-    patch = pytest.MonkeyPatch()
-    patch.setattr(tempfile, "tempdir", str(folder))
-    patch.setenv("TMPDIR", str(folder))
-    yield folder
-    patch.undo()
+    with pytest.MonkeyPatch.context() as patch:  # the session's monkeypatch, undone at its end
+        patch.setattr(tempfile, "tempdir", str(folder))
+        patch.setenv("TMPDIR", str(folder))
+        yield folder
 
 
 def load_benchmark(name: str):
