@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import asdict, dataclass, field
 
 from primitives.infix_syntax import check_infix
@@ -20,6 +21,43 @@ def simplest_per_id(entries) -> list:
     for e in entries:
         if e.id not in kept or e.complexity < kept[e.id].complexity:
             kept[e.id] = e
+    return list(kept.values())
+
+
+# a decimal number that is not part of a name (``log1p``, ``x2``)
+_DECIMAL = re.compile(r"(?<![\w.])(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?(?![\w.])")
+PRINTED_DIGITS = 6  # as the tables print a model's constants
+
+
+def printed_model(expression: str) -> str:
+    """EXPRESSION as one model, whatever tree it came from: its additive terms (split outside
+    brackets) in sorted order, every number to PRINTED_DIGITS significant digits."""
+    terms, depth, start = [], 0, 0
+    for i, ch in enumerate(expression):
+        depth += (ch in "([") - (ch in ")]")
+        if depth == 0 and ch in "+-" and expression[i - 1 : i] == " " and expression[i + 1 : i + 2] == " ":
+            terms.append(expression[start:i])
+            start = i  # the sign stays with its term
+    terms.append(expression[start:])
+
+    def rounded(term: str) -> str:
+        term = " ".join(term.lstrip("+ ").split())
+        term = "-" + term[1:].lstrip() if term.startswith("-") else term  # "- 2*x" as "-2*x"
+        return _DECIMAL.sub(lambda m: format(float(m.group()), f".{PRINTED_DIGITS}g"), term)
+
+    return " + ".join(sorted(rounded(t) for t in terms))
+
+
+def simplest_per_model(entries) -> list:
+    """ENTRIES with one entry per model: per id (``simplest_per_id``), and of ids whose
+    expressions print alike (``printed_model``: trees that fold to the same terms with
+    constants equal to the printed digits; a front listed three such copies at complexities
+    17, 21 and 25), the simplest, in their order."""
+    kept: dict = {}
+    for e in simplest_per_id(entries):
+        key = printed_model(e.expression)
+        if key not in kept or (e.complexity, e.id) < (kept[key].complexity, kept[key].id):
+            kept[key] = e
     return list(kept.values())
 
 

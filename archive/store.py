@@ -26,7 +26,12 @@ from archive.store_json import dumps, id_list, json_or_damage
 from primitives.errors import InputError
 
 SCHEMA_VERSION = 1
-HOW_TO_FIND_IDS = "list ids with `python -m evolve archive list` (add --all for every archived entry)"
+
+
+def how_to_find_ids(archive: Path) -> str:
+    """Where an id was not found: the command that lists this archive's ids."""
+    return f"list ids with `python -m evolve archive list --run-dir {archive.parent}` (add --all for every entry)"
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -366,7 +371,7 @@ class ArchiveStore:
         """The entry with this id or unique id prefix (latest run's copy if several runs have it)."""
         key = str(entry_id).strip()
         if not key:
-            raise InputError(self.path, "id", f"an entry id is required; {HOW_TO_FIND_IDS}")
+            raise InputError(self.path, "id", f"an entry id is required; {how_to_find_ids(self.path)}")
         with self._tx(write=False) as conn:
             if run_id is not None:
                 self._run_row(conn, run_id)
@@ -378,7 +383,7 @@ class ArchiveStore:
             ).fetchall()
             ids = sorted({r[0] for r in rows})
             if not ids:
-                raise InputError(self.path, "id", f"no entry with id {key!r}; {HOW_TO_FIND_IDS}")
+                raise InputError(self.path, "id", f"no entry with id {key!r}; {how_to_find_ids(self.path)}")
             if len(ids) > 1:
                 shown = ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
                 raise InputError(

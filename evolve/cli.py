@@ -13,7 +13,6 @@ import argparse
 import errno
 import os
 import sys
-import textwrap
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
@@ -33,9 +32,9 @@ from evolve.cli_files import (
 )
 from evolve.cli_parser import PROG, build_parser
 from evolve.config import REFIT_ROUNDS
-from evolve.crash import OutputClosed, kill_workers, output_closed, sigterm_as_interrupt, silence_stdout
+from evolve.crash import OutputClosed, kill_workers, output_closed, say, sigterm_as_interrupt, silence_stdout
 from evolve.kernel_floor_view import print_floor_note, print_run_floor_note
-from evolve.report import entry_record, fmt_cell, make_console, print_coverage_note
+from evolve.report import entry_record, fill_whole, fmt_cell, make_console, print_coverage_note
 from primitives.errors import InputError
 from primitives.files import writable_dir
 
@@ -269,7 +268,9 @@ def cmd_score(args: argparse.Namespace) -> int:
     shown = [{k: v for k, v in r.items() if k not in ("by_batch_size", "kv_sharing")} for r in rows]
     console.print(rows_table(shown, title=f"Per-step error of {entry.id}"))
     if "overall_mape" in result:
-        console.print(f"overall MAPE (step-weighted): {fmt_cell('mape', result['overall_mape'])}", markup=False)
+        overall = fmt_cell("mape", result["overall_mape"])
+        # archive show's step MAPE is the temporal holdout's: say these are all the steps
+        console.print(f"overall MAPE, every step weighted alike: {overall} (the archive's: holdout only)", markup=False)
     console.print(_kv_count_line(rows, args.experiments, seed), markup=False, highlight=False)
     if any(r.get("by_batch_size") for r in rows):
         console.print(batch_bias_table(rows))
@@ -380,7 +381,7 @@ def cmd_export_go(args: argparse.Namespace) -> int:
         out = writable_dir(args.out, "--out")
         written, changes = export_go(entry, deployment, out, args.package, args.interface), []
     chosen = f"deployment: {deployment.model.name} TP{deployment.tp} on {deployment.gpu.name} ({how})"
-    print(textwrap.fill(chosen, 80, subsequent_indent="  "))  # the other deployments' list can be long
+    print(fill_whole(chosen, 80, subsequent_indent="  "))  # the other deployments' list can be long
     print("\n".join([f"wrote {path}" for path in written] + changes))
     print_coverage_note(entry, run_dir, resolver)
     print_floor_note(entry, run_dir, resolver, deployment, primary_only=args.blis is None)
@@ -439,25 +440,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             kill_workers()  # a pool of simulations (validate) or of the search: none outlives the command
     except InputError as exc:
-        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        say(f"error: {_one_line(exc)}")
         return 2
     except PermissionError as exc:  # a path given that this user may not open: bad input too
         if not exc.filename:  # no path: a process or a semaphore, not the user's input
             return _crashed(exc, argv)
-        print(f"error: {exc.filename}: permission denied", file=sys.stderr)
+        say(f"error: {exc.filename}: permission denied")
         return 2
     except ModuleNotFoundError as exc:  # a missing piece of this build or an optional package: not a user error
-        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        say(f"error: {_one_line(exc)}")
         return 1
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, the time limit or a run's output closed
-        print(_one_line(_interruption(exc)), file=sys.stderr)
+        say(_one_line(_interruption(exc)))
         return 141 if isinstance(exc, OutputClosed) else 130  # 141: as SIGPIPE would end it
     except BrokenPipeError:  # the reader went away (e.g. `| head`): the flush at exit too
         silence_stdout()
         return 0
     except OSError as exc:
         if exc.filename and exc.errno in _BAD_PATH_ERRNOS:  # a path given that cannot be used: bad input
-            print(f"error: {exc.filename}: {exc.strerror.lower()}", file=sys.stderr)
+            say(f"error: {exc.filename}: {exc.strerror.lower()}")
             return 2
         return _crashed(exc, argv)
     except Exception as exc:  # the last net: one line and a crash log, never a bare traceback
@@ -470,13 +471,13 @@ def _crashed(exc: Exception, argv: Sequence[str] | None) -> int:
 
     interrupt = interrupt_behind(exc)
     if isinstance(interrupt, KeyboardInterrupt):  # a signal handled inside compiled code
-        print(_one_line(_interruption(interrupt)), file=sys.stderr)
+        say(_one_line(_interruption(interrupt)))
         return 130
     if is_disk_full(exc):
         kept = "the archive keeps its last whole generation" if _RUN_DIRS else "free some space and run it again"
-        print(f"error: disk full ({_one_line(exc)}); {kept}", file=sys.stderr)
+        say(f"error: disk full ({_one_line(exc)}); {kept}")
         return 1
     log = write_crash_log(exc, list(argv if argv is not None else sys.argv[1:]))
     where = f"; traceback in {log}" if log else ""
-    print(f"error: unexpected {type(exc).__name__}: {_one_line(exc)[:300]}{where}", file=sys.stderr)
+    say(f"error: unexpected {type(exc).__name__}: {_one_line(exc)[:300]}{where}")
     return 1

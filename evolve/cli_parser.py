@@ -122,7 +122,9 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
         "--experiments", metavar="DIR", help="folder of experiment folders (any depth) for the replayed E2E objectives"
     )
     p.add_argument("--seed", type=seed_arg, metavar="S", help="random seed (same seed, same run; default 0)")
-    p.add_argument("--jobs", type=_jobs, default=1, metavar="J", help="parallel evaluation workers (-1: every core)")
+    p.add_argument(
+        "--jobs", type=_jobs, default=1, metavar="J", help="parallel evaluation workers (default 1; -1: every core)"
+    )
     _add_run_dir(p, help="where to write (default: runs/<UTC time>-seed<S>)")
     p.add_argument("--time-limit", type=positive_float, metavar="SEC", help="stop after this many seconds")
     _add_resolver_options(p)
@@ -163,7 +165,7 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
     q.add_argument("id", metavar="ID", help="entry id or a unique prefix of it")
     _add_run_dir(q)
     q.set_defaults(handler=handlers["archive_show"])
-    q = asub.add_parser("best", help="the recommended model (see archive/select.py)")
+    q = asub.add_parser("best", help='the recommended model (README, "Model selection")')
     _add_run_dir(q)
     q.add_argument("--json", action="store_true", help="print JSON instead of a table")
     q.set_defaults(handler=handlers["archive_best"])

@@ -135,6 +135,20 @@ def silence_stdout() -> None:
     os.close(devnull)
 
 
+def say(line: str) -> None:
+    """Print LINE on standard error, the command's last word; where standard error is a pipe
+    whose reader has gone too (``2>&1 | head``), it goes nowhere: the exit status still tells."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (BrokenPipeError, ValueError):  # ValueError: a stream already closed
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stderr.fileno())  # the flush at exit goes nowhere too
+            os.close(devnull)
+        except (AttributeError, OSError, ValueError):
+            pass
+
+
 def output_closed(finished_in: object = None, stream: object = None) -> OutputClosed:
     """The interrupt for a write that found its reader gone; STREAM (default: standard output)
     is silenced if it is standard output. FINISHED_IN: the run directory of a finished run."""

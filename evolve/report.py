@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from archive.entry import ArchiveEntry
+from archive.entry import ArchiveEntry, printed_model
 
 # Error objectives shown as columns when any entry has them (fractions, shown as %).
 ERROR_COLUMNS = (
@@ -143,6 +143,15 @@ def entry_record(entry: ArchiveEntry) -> dict:
     }
 
 
+def fill_whole(text: str, width: int = 80, keep: tuple[str, ...] = (), **options) -> str:
+    """``textwrap.fill`` that splits no phrase of KEEP (a command to copy), no option from its
+    value (``--tp 2``) and no name at its hyphens."""
+    for phrase in keep:  # textwrap breaks at ASCII whitespace only
+        text = text.replace(phrase, phrase.replace(" ", "\xa0"))
+    glued = re.sub(r"(--[\w-]+) (?=[^-\s])", "\\1\xa0", text)
+    return textwrap.fill(glued, width, break_long_words=False, break_on_hyphens=False, **options).replace("\xa0", " ")
+
+
 # -- generic tables -------------------------------------------------------------------
 MIN_FITTED_DEPLOYMENTS = 3  # fewer cannot tell a step constant from per-GPU, per-layer or weight costs
 
@@ -159,12 +168,13 @@ def coverage_note(fitted: list[tuple[str, int, float]], entry_id: str) -> str | 
     weight_bytes = [w for _, _, w in fitted]
     same = n > 1 and max(weight_bytes) <= 1.05 * min(weight_bytes)
     held = f" holding about the same weights per GPU ({', '.join(f'{w / 1e9:.1f}' for w in weight_bytes)} GB)"
+    check = f"python -m evolve score {entry_id} --data DIR --lodo"
     text = (
         f"note: fitted on {n} deployment{'s' if n > 1 else ''} ({names}){held if same else ''}: its "
         "per-deployment terms (intercept, tp, n_layers, weight streaming) may not carry to other "
-        "deployments" + (f"; evolve score {entry_id} --data DIR --lodo checks." if n > 1 else ".")
+        "deployments" + (f"; {check} checks." if n > 1 else ".")
     )
-    return textwrap.fill(text, 80)
+    return fill_whole(text, 80, keep=(check,))
 
 
 def print_coverage_note(entry: ArchiveEntry, run_dir: Path, resolver) -> None:
@@ -210,12 +220,17 @@ def _short_key(key: str) -> str:
 _DATE_PREFIX = re.compile(r"^\d{8}-\d{6}-")  # an experiment folder's start time
 
 
+# parts of a model's folder name that tell no experiment of a run from another
+_NAME_NOISE = re.compile(r"-hf(?= tp)|-v\d+(?:-\d+)*(?= tp)")
+
+
 def short_experiment_name(name: str) -> str:
-    """An experiment's folder name without its date prefix, with spaces where it may wrap:
-    ``20260218-141024-mixtral-8x7b-v0-1-tp2-roleplay`` -> ``mixtral-8x7b-v0-1 tp2 roleplay``."""
+    """An experiment's folder name without its date prefix, and without an ``-hf`` or version
+    suffix on the model, with spaces where it may wrap (every command names it so):
+    ``20260218-141024-mixtral-8x7b-v0-1-tp2-roleplay`` -> ``mixtral-8x7b tp2 roleplay``."""
     name = _DATE_PREFIX.sub("", name)
     head, _, workload = name.rpartition("-")
-    return f"{head.replace('-tp', ' tp')} {workload}" if head else name
+    return _NAME_NOISE.sub("", f"{head.replace('-tp', ' tp')} {workload}") if head else name
 
 
 # archive show's per-experiment columns: (header, key); closed-loop errors replace the
@@ -410,8 +425,15 @@ def entry_detail(entry: ArchiveEntry) -> list:
     head.add_row("expression", display_expression(entry.expression))
     same = " ".join(simplified_text.split()) == " ".join(entry.expression.split())
     head.add_row("simplified (sympy)", "(same as the expression)" if same else display_expression(simplified_text))
-    head.add_row("constants", ", ".join(fmt_number(c) for c in entry.constants) or "-")
-    head.add_row("primitives", ", ".join(entry.primitives) or "-")
+    head.add_row("constants", _tree_constants(entry.constants))
+    used = set(re.findall(r"[A-Za-z_]\w*", entry.expression))
+    left_out = [p for p in entry.primitives if p not in used]
+    shown_primitives = [p if p in used else f"{p} (not in the expression)" for p in entry.primitives]
+    head.add_row("primitives", ", ".join(shown_primitives) or "-")
+    nonzero = sum(1 for c in entry.constants if c != 0)
+    if left_out or 0 in entry.constants[1:] or nonzero != len(printed_model(entry.expression).split(" + ")):
+        note = "complexity, constants, primitives: the evolved tree's; the expression sums like terms, drops 0s"
+        head.add_row("note", note)
     head.add_row("dataset fingerprint", entry.dataset_fingerprint or "-")
     shown: list = [head]
     if simplified is not None:
@@ -430,6 +452,14 @@ def entry_detail(entry: ArchiveEntry) -> list:
     else:
         shown.append("no per-experiment scores archived for this entry")
     return shown
+
+
+def _tree_constants(constants: list[float]) -> str:
+    """An entry's fitted constants: the tree's intercept, then each of its additive terms' coefficients."""
+    if not constants:
+        return "-"
+    terms = ", ".join(fmt_number(c) for c in constants[1:])
+    return f"intercept {fmt_number(constants[0])}" + (f"; terms {terms}" if terms else "")
 
 
 def efficiency_table(entry: ArchiveEntry):

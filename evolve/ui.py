@@ -115,7 +115,7 @@ class RunUI:
             SpinnerColumn(),
             TextColumn("gen {task.completed}/{task.total}"),
             BarColumn(),
-            TextColumn("best {task.fields[best]}"),
+            TextColumn("holdout {task.fields[best]}"),  # the front's lowest held-out step error
             TextColumn("front {task.fields[front]}"),
             TextColumn("{task.fields[rate]} evals/s"),
             TextColumn("ETA {task.fields[eta]}"),
@@ -150,7 +150,7 @@ class RunUI:
             if last or generation <= 1 or now - self._last_line >= self.min_interval_s:
                 self._last_line = now
                 self._plain(
-                    f"gen {generation}/{self._total} best {fmt_fraction(best_error)} front {front_size}"
+                    f"gen {generation}/{self._total} holdout {fmt_fraction(best_error)} front {front_size}"
                     f" {rate} evals/s ETA {eta}"
                 )
             return
@@ -193,14 +193,14 @@ class RunUI:
         """Stop the progress display and print the front and the run summary."""
         self._stop_live()
         entries = sorted(entries, key=lambda e: (e.complexity, e.id))
-        took = f"after set-up {fmt_duration(time.monotonic() - self._t0)}"  # from start(): set-up not in it
+        took = f"search {fmt_duration(time.monotonic() - self._t0)}"  # from start(): set-up not in it
         if "wall_time_s" in summary:
             took += f", whole run {fmt_duration(summary['wall_time_s'])}"
         if self.quiet:
             rec = _recommended_id(entries)
             models = f"{len(entries)} model{'s' if len(entries) != 1 else ''}"
             ended = "finished" if summary.get("status", "finished") == "finished" else f"stopped ({summary['status']})"
-            self._plain(f"search {ended} ({took}): {models} on the front")
+            self._plain(textwrap.fill(f"search {ended}: {models} on the front ({took})", 80, subsequent_indent="  "))
             for e in entries:
                 errs = " ".join(f"{k}={fmt_fraction(e.objectives[k])}" for k, _ in ERROR_COLUMNS if k in e.objectives)
                 line = (

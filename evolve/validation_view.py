@@ -42,14 +42,10 @@ LABELS = {"e2e": "E2E", "ttft": "TTFT", "itl": "ITL", "tpot": "TPOT"}
 MEAN_UNITS = (("e2e", "s", 1.0), ("ttft", "ms", 1e3), ("itl", "ms", 1e3))
 
 
-# parts of a model's folder name that tell no experiment of a run from another
-_NAME_NOISE = re.compile(r"-hf(?= tp)|-v\d+(?:-\d+)*(?= tp)")
-
-
 def experiment_label(item: dict) -> str:
     """An item's experiment, short enough for one line of an 80-column table: no date prefix,
     no ``-hf`` or version suffix on the model (``mixtral-8x7b tp2 general``)."""
-    name = _NAME_NOISE.sub("", short_experiment_name(item["name"]))
+    name = short_experiment_name(item["name"])
     if "held_out_stage" in item:  # stage transfer: one row per high-rate stage, named by its rate
         rate = item.get("rate_per_s")
         several = rate is None or item.get("held_out_stages", 1) > 1  # stages at one rate: say which

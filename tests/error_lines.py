@@ -57,12 +57,14 @@ def run_evolve(cwd: Path, *args, timeout: float = 120) -> subprocess.CompletedPr
     return subprocess.run(command, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
-def spawn_evolve(cwd: Path, *args, stdout=subprocess.DEVNULL, env: dict | None = None) -> subprocess.Popen:
-    """``python -m evolve ARGS`` started in ``cwd``, to signal or read while it runs (stderr piped);
-    ENV: variables beside the tests' own."""
+def spawn_evolve(
+    cwd: Path, *args, stdout=subprocess.DEVNULL, env: dict | None = None, stderr=subprocess.PIPE
+) -> subprocess.Popen:
+    """``python -m evolve ARGS`` started in ``cwd``, to signal or read while it runs (stderr piped,
+    or STDERR: ``subprocess.STDOUT`` for one pipe of both); ENV: variables beside the tests' own."""
     command = [sys.executable, "-m", "evolve", *map(str, args)]
     env = {**ENV, **(env or {})}
-    return subprocess.Popen(command, cwd=cwd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=True)
 
 
 def tiny_run(directory: Path) -> tuple[Path, str, Path]:

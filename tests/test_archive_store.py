@@ -217,3 +217,19 @@ def test_two_trees_of_one_model_are_archived_at_the_simpler(store: ArchiveStore)
     assert [(e.id, e.complexity) for e in store.front()] == [(simple.id, 13)]
     store.record_generation("r1", 1, [bigger], [simple, bigger], {})  # the front holds the bigger tree only
     assert [(e.id, e.complexity) for e in store.front()] == [(simple.id, 15)]  # as the run printed it
+
+
+def test_trees_that_print_as_one_model_are_one_front_entry():
+    from archive.entry import printed_model, simplest_per_model
+
+    # a replay front listed one model three times (complexities 17, 21, 25): trees that fold
+    # to the same terms with constants equal to the printed digits, ids apart by the last bits
+    a = make_entry("11.837 + 4*allreduce_time_us + 1.12833*kv_io_time_us + 1601.92*tp", 17, 0.0389)
+    b = make_entry("11.8370000004 + 4*allreduce_time_us + 1601.92*tp + 1.128329999*kv_io_time_us", 21, 0.0389 - 1e-12)
+    c = make_entry("11.84 + 4*allreduce_time_us + 1.12833*kv_io_time_us + 1601.92*tp", 13, 0.04)  # another intercept
+    assert a.id != b.id and printed_model(a.expression) == printed_model(b.expression)
+    assert simplest_per_model([b, a, c]) == [a, c]
+    # terms are split outside brackets only, and keep their signs
+    assert printed_model("1.16*Max(w, g + k) - 2.5e-3*tp") == printed_model("-0.0025*tp + 1.16*Max(w, g + k)")
+    assert printed_model("1.16*Max(w, g + k)") != printed_model("1.16*Max(w, g) + k")
+    assert printed_model("2*log1p(x2)") == "2*log1p(x2)"  # digits inside names are no numbers

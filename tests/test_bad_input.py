@@ -107,7 +107,7 @@ def test_bad_parquet_trace(case, work, capsys):
         ("blank.csv", "\n\n", "not a readable csv"),
         ("garbage.csv", 'a,b\n1,2,3,4\n"unterminated\n', "not a readable csv"),
         ("garbage.parquet", "not parquet", "not a readable parquet"),
-        ("trace.txt", "x", "expected .parquet or .csv"),
+        ("trace.txt", "x", "expected a .parquet or .csv file, or a folder holding one"),
     ],
 )
 def test_unreadable_or_empty_trace_file(name, content, needle, work, capsys):
@@ -450,7 +450,8 @@ def test_unknown_archive_id(command, archive, work, capsys):
     _experiment(work / "exps")
     args = [{"DATA": data, "EXPS": work / "exps"}.get(a, a) for a in command]
     rc, _, err = call([*args, "--run-dir", run_dir], capsys)
-    assert_one_line_error(rc, err, "archive.sqlite", "id", "'deadbeef'", "archive list")
+    # the command to list the ids names the run the user gave
+    assert_one_line_error(rc, err, "archive.sqlite", "id", "'deadbeef'", f"archive list --run-dir {run_dir}")
     assert not (work / "go-out").exists() or not any((work / "go-out").iterdir())
 
 

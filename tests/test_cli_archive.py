@@ -117,6 +117,31 @@ def test_show(project: Path, capsys):
     assert "first found in generation" in out
 
 
+def test_show_says_what_of_the_tree_the_expression_leaves_out(tmp_path: Path, monkeypatch, capsys):
+    """Complexity, constants and primitives are the evolved tree's: a term fitted to 0 is not
+    in the expression, nor its primitive; show says so, where a plain entry needs no note."""
+    tree = replace(
+        entry("1.17675*gemm_time_us + 1955.21*tp", 11, 0.03, 0.03),
+        constants=[0.0, 1.17675, 0.0, 1955.21],
+        primitives=["gemm_time_us", "moe_touched_fraction", "tp"],
+    )
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "runs" / "r"
+    with ArchiveStore(run_dir / "archive.sqlite") as store:
+        store.start_run("run-1", {"generations": 1}, 0, "fp")
+        store.record_generation("run-1", 0, [tree, FRONT[1]], [tree, FRONT[1]], {})
+        store.finish_run("run-1", {"generations": 1})
+    record_latest(run_dir)
+    assert main(["archive", "show", tree.id]) == 0
+    out = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "intercept 0; terms 1.17675, 0, 1955.21" in out
+    assert "moe_touched_fraction (not in the expression)" in out and "tp (not" not in out
+    assert "the evolved tree's; the expression sums like terms, drops 0s" in out
+    assert main(["archive", "show", FRONT[1].id]) == 0
+    out = capsys.readouterr().out
+    assert "intercept 0.5; terms 3" in out and "not in the expression" not in out and "drops 0s" not in out
+
+
 def test_tables_show_constants_to_six_digits_and_json_keeps_them_exact(tmp_path: Path, monkeypatch, capsys):
     """A fitted constant has 17 digits; the tables show 6, as the constants row does."""
     expr = "11.836989232876103 + 1601.9195722079112*tp + 1.128332799198561*kv_io_time_us + 0.5*x1"
@@ -333,7 +358,8 @@ def test_a_model_fitted_on_few_deployments_says_so(tmp_path: Path, monkeypatch: 
     out = capsys.readouterr().out
     note = out[out.index("note:") :].replace("\n", " ")
     assert "2 deployments (llama-2-70b TP4, codellama-34b TP2)" in note and "(34.5, 33.7 GB)" in note
-    assert f"evolve score {FRONT[1].id} --data DIR --lodo" in note
+    # the command to copy stands whole on one line
+    assert any(f"python -m evolve score {FRONT[1].id} --data DIR --lodo" in line for line in out.splitlines())
     assert max(len(line) for line in out[out.index("note:") :].splitlines()) <= 80
     # export-go says the same after what it wrote, and nothing where it refuses the export
     # (these hand-filled entries' made-up overhead)
@@ -382,3 +408,17 @@ def test_the_command_line_starts_without_sympy():
     code = "import sys, evolve.cli, archive.entry; print('sympy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_wrapped_lines_keep_an_option_with_its_value_and_a_command_whole():
+    from evolve.report import fill_whole
+
+    others = ", ".join(f"--model model-{i}-v0-1 --tp {2**i}" for i in range(6))
+    text = fill_whole(f"deployment: X TP1 on H100 (the run's first deployment; others: {others})", 80)
+    lines = text.splitlines()
+    assert len(lines) > 1 and max(map(len, lines)) <= 80
+    assert not any(line.rstrip(",)").endswith(("--tp", "--model")) for line in lines), text
+    assert all(f"model-{i}-v0-1" in text.replace("\n", " ") for i in range(6))  # names unbroken at hyphens
+    command = "python -m evolve score abc --data DIR --lodo"
+    wrapped = fill_whole("word " * 13 + command + " checks.", 80, keep=(command,))
+    assert any(command in line for line in wrapped.splitlines()), wrapped

@@ -389,7 +389,7 @@ def test_quiet_ui_prints_plain_lines():
     assert lines[0].startswith("search: 10 generations")
     gen_lines = [line for line in lines if line.startswith("gen ")]
     assert [line.split()[1] for line in gen_lines] == ["1/10", "10/10"]  # rate-limited: first and last
-    assert "best 5.00%" in gen_lines[-1] and "250 evals/s" in gen_lines[-1] and "ETA" in gen_lines[-1]
+    assert "holdout 5.00%" in gen_lines[-1] and "250 evals/s" in gen_lines[-1] and "ETA" in gen_lines[-1]
     assert "checkpoint written" in lines
     assert any(ENTRY.id in line and line.startswith("*") for line in lines)
     assert "status: finished" in lines

@@ -78,10 +78,11 @@ def test_the_rich_display_closed_at_the_front_says_so_too(work, capsys, monkeypa
     assert "after the run finished; its results are in runs/r" in err, err
 
 
-def _closed_mid_search(work, run_dir: str, read, env: dict | None = None) -> str:
-    """A 50-generation run whose reader takes READ(stdout) and goes away: its stderr (exit 141, one line)."""
+def _reader_gone(work, run_dir: str, read, env: dict | None = None, stderr=subprocess.PIPE) -> tuple[int, str]:
+    """A 50-generation run whose reader takes READ(stdout) and goes away: its exit status and
+    stderr (STDERR=subprocess.STDOUT: both into the pipe that closed, so none)."""
     args = ("run", *TINY[:1], "50", *TINY[2:], "--run-dir", run_dir)
-    proc = spawn_evolve(work, *args, stdout=subprocess.PIPE, env=env)
+    proc = spawn_evolve(work, *args, stdout=subprocess.PIPE, env=env, stderr=stderr)
     try:
         read(proc.stdout)
         proc.stdout.close()
@@ -90,7 +91,12 @@ def _closed_mid_search(work, run_dir: str, read, env: dict | None = None) -> str
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    err = proc.stderr.read()
+    return rc, proc.stderr.read() if proc.stderr else ""
+
+
+def _closed_mid_search(work, run_dir: str, read, env: dict | None = None) -> str:
+    """A 50-generation run whose reader takes READ(stdout) and goes away: its stderr (exit 141, one line)."""
+    rc, err = _reader_gone(work, run_dir, read, env)
     assert rc == 141 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith("stopped: its standard output was closed"), err
     return err
@@ -105,6 +111,18 @@ def test_a_run_whose_output_is_closed_stops_resumable(work):
 
     assert "--resume runs/p" in _closed_mid_search(work, "runs/p", first_line)
     assert _statuses(work / "runs" / "p") == ["interrupted"]
+
+
+def test_a_run_whose_output_and_errors_share_the_closed_pipe_stops_resumable_too(work):
+    """`evolve run 2>&1 | head -1`: the one line has nowhere to go, but the exit status is still
+    141 (not 1 from printing it into the closed pipe) and the run is resumable."""
+
+    def first_line(stdout):
+        assert stdout.readline().startswith("search:")
+
+    rc, _ = _reader_gone(work, "runs/b", first_line, stderr=subprocess.STDOUT)
+    assert rc == 141
+    assert _statuses(work / "runs" / "b") == ["interrupted"] and (work / "runs" / "b" / "checkpoint.pkl").is_file()
 
 
 def test_the_rich_display_closed_mid_search_still_says_so(work):

@@ -149,7 +149,7 @@ def _read_table(path: Path) -> pd.DataFrame:
             end = first.rfind(". ", 0, 120)
             first = first[: end + 1] if end >= 40 else first[:117] + "..."
         raise InputError(path, None, f"not a readable {path.suffix[1:]} table ({first})") from None
-    raise InputError(path, None, "unsupported file type; expected .parquet or .csv")
+    raise InputError(path, None, "unsupported file type; expected a .parquet or .csv file, or a folder holding one")
 
 
 def _numeric(df: pd.DataFrame, col: str, path: Path, expected: str) -> np.ndarray:
