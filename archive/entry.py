@@ -29,9 +29,9 @@ _DECIMAL = re.compile(r"(?<![\w.])(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?(?![\w.
 PRINTED_DIGITS = 6  # as the tables print a model's constants
 
 
-def printed_model(expression: str) -> str:
-    """EXPRESSION as one model, whatever tree it came from: its additive terms (split outside
-    brackets) in sorted order, every number to PRINTED_DIGITS significant digits."""
+def additive_terms(expression: str) -> list[str]:
+    """EXPRESSION's additive terms, split at `` + `` and `` - `` outside brackets, each with
+    its sign (``-2*x``) and single spaces."""
     terms, depth, start = [], 0, 0
     for i, ch in enumerate(expression):
         depth += (ch in "([") - (ch in ")]")
@@ -39,26 +39,21 @@ def printed_model(expression: str) -> str:
             terms.append(expression[start:i])
             start = i  # the sign stays with its term
     terms.append(expression[start:])
+    out = []
+    for term in terms:
+        term = " ".join(term.lstrip("+ ").split())
+        out.append("-" + term[1:].lstrip() if term.startswith("-") else term)  # "- 2*x" as "-2*x"
+    return out
+
+
+def printed_model(expression: str) -> str:
+    """EXPRESSION as one model, whatever tree it came from: its additive terms in sorted
+    order, every number to PRINTED_DIGITS significant digits."""
 
     def rounded(term: str) -> str:
-        term = " ".join(term.lstrip("+ ").split())
-        term = "-" + term[1:].lstrip() if term.startswith("-") else term  # "- 2*x" as "-2*x"
         return _DECIMAL.sub(lambda m: format(float(m.group()), f".{PRINTED_DIGITS}g"), term)
 
-    return " + ".join(sorted(rounded(t) for t in terms))
-
-
-def simplest_per_model(entries) -> list:
-    """ENTRIES with one entry per model: per id (``simplest_per_id``), and of ids whose
-    expressions print alike (``printed_model``: trees that fold to the same terms with
-    constants equal to the printed digits; a front listed three such copies at complexities
-    17, 21 and 25), the simplest, in their order."""
-    kept: dict = {}
-    for e in simplest_per_id(entries):
-        key = printed_model(e.expression)
-        if key not in kept or (e.complexity, e.id) < (kept[key].complexity, kept[key].id):
-            kept[key] = e
-    return list(kept.values())
+    return " + ".join(sorted(rounded(t) for t in additive_terms(expression)))
 
 
 @dataclass
@@ -67,7 +62,7 @@ class ArchiveEntry:
     expression: str  # readable infix, parsable by primitives.language.parse_infix (sympy)
     simplified: str  # sympy-simplified infix
     complexity: int
-    constants: list[float]  # fitted coefficients, in the order they appear in `expression`
+    constants: list[float]  # the tree's fitted intercept, then each of its terms' coefficients (0s too)
     objectives: dict[str, float]  # step_mape (validation, fraction), complexity, e2e_error, ttft_error, itl_error, ...
     generation: int  # generation the expression was first found in
     primitives: list[str]  # GP terminals the expression uses

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import sqlite3
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,8 +30,10 @@ SCHEMA_VERSION = 1
 
 
 def how_to_find_ids(archive: Path) -> str:
-    """Where an id was not found: the command that lists this archive's ids."""
-    return f"list ids with `python -m evolve archive list --run-dir {archive.parent}` (add --all for every entry)"
+    """Where an id was not found: the command that lists this archive's ids (``--run-dir``
+    takes a run's folder, or an archive file of another name itself)."""
+    where = shlex.quote(str(archive.parent if archive.name == "archive.sqlite" else archive))
+    return f"list ids with `python -m evolve archive list --run-dir {where}` (add --all for every entry)"
 
 
 _SCHEMA = """

@@ -140,7 +140,9 @@ def say(line: str) -> None:
     whose reader has gone too (``2>&1 | head``), it goes nowhere: the exit status still tells."""
     try:
         print(line, file=sys.stderr, flush=True)
-    except (BrokenPipeError, ValueError):  # ValueError: a stream already closed
+    except (BrokenPipeError, ValueError) as exc:
+        if isinstance(exc, ValueError) and not getattr(sys.stderr, "closed", False):
+            raise  # not a closed stream (an encoding error): not to be silenced
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stderr.fileno())  # the flush at exit goes nowhere too

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import textwrap
 
-from archive.entry import ArchiveEntry
+from archive.entry import ArchiveEntry, printed_model
 from evolve.report import ERROR_COLUMNS, display_expression, fmt_fraction, titled_table
 
 
@@ -23,8 +23,9 @@ def print_entries(console, entries: list[ArchiveEntry], recommended_id: str | No
     if longest <= room:
         return
     console.print("expressions (step time, µs; constants to 6 digits, --json: exact):", markup=False, highlight=False)
+    copies = printed_copies(entries)
     for e in entries:
-        mark = "*" if e.id == recommended_id else " "
+        mark = "*" if e.id == recommended_id else ("=" if e.id in copies else " ")
         head = f"{mark} {e.id}  "
         # wrapped at spaces: a coefficient*primitive has none, so it is never split
         text = textwrap.fill(
@@ -57,8 +58,9 @@ def entries_table(
     if expressions:
         table.add_column("expression", overflow="fold")
     mixed = _mixed_closed_loop(entries)
+    copies = printed_copies(entries)
     for e in entries:
-        mark = "*" if e.id == recommended_id else ""
+        mark = "*" if e.id == recommended_id else ("=" if e.id in copies else "")
         row = [mark, e.id, str(e.generation), str(e.complexity)]
         for key, _ in shown:
             text = fmt_fraction(e.objectives.get(key))
@@ -70,6 +72,9 @@ def entries_table(
 
 
 RECOMMENDED_LEGEND = "* recommended (python -m evolve archive best)"
+# a tree with more terms whose fit prints as a simpler entry's: the search keeps it, since a
+# refit (the transfer estimates) may weigh the terms fitted to 0 here (docs/RESULTS.md)
+COPY_LEGEND = "=: prints as a simpler entry; another tree, whose terms refit otherwise"
 CLOSED_LOOP_KEYS = ("e2e_error", "ttft_error", "itl_error")
 CLOSED_LOOP_LEGEND = "c: simulated end to end (closed loop); unmarked: the search's estimate"
 
@@ -80,7 +85,16 @@ def _mixed_closed_loop(entries: list[ArchiveEntry]) -> bool:
     return len(checked) == 2
 
 
+def printed_copies(entries: list[ArchiveEntry]) -> set[str]:
+    """Ids of entries whose expression prints as that of a simpler one among ENTRIES."""
+    first: dict[str, ArchiveEntry] = {}
+    for e in sorted(entries, key=lambda e: (e.complexity, e.id)):
+        first.setdefault(printed_model(e.expression), e)
+    return {e.id for e in entries if first[printed_model(e.expression)].id != e.id}
+
+
 def entries_legend(entries: list[ArchiveEntry], recommended_id: str | None) -> list[str]:
     """The lines below an entries table: what its marks mean (as lines: a caption wraps to the table's width)."""
     lines = [RECOMMENDED_LEGEND] if any(e.id == recommended_id for e in entries) else []
+    lines += [COPY_LEGEND] if printed_copies(entries) - {recommended_id} else []
     return lines + ([CLOSED_LOOP_LEGEND] if _mixed_closed_loop(entries) else [])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from archive.entry import ArchiveEntry, entry_id_for, simplest_per_model
+from archive.entry import ArchiveEntry, entry_id_for, simplest_per_id
 from archive.store import ArchiveStore
 from fitness.scoring import Score
 from primitives.language import Program, canonical, linear_model_sympy, simplify_expression, to_infix, variables
@@ -52,7 +52,7 @@ def record_front(store: ArchiveStore, search, meta: dict, final: bool = False) -
     """Write the current front and the best entry at each complexity, in one transaction.
 
     The final record adds the sympy-simplified form to the front's entries."""
-    front = simplest_per_model(entry_for(search, p, s, meta, simplify=final) for p, s in search.front())
+    front = simplest_per_id(entry_for(search, p, s, meta, simplify=final) for p, s in search.front())
     best = best_entries(search, meta)
     stats = {"evaluations": search.state.evaluations, "best_error": search.best_error()}
     store.record_generation(meta["run_id"], search.state.generation, front, best, stats)

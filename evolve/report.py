@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from archive.entry import ArchiveEntry, printed_model
+from archive.entry import ArchiveEntry, additive_terms
 
 # Error objectives shown as columns when any entry has them (fractions, shown as %).
 ERROR_COLUMNS = (
@@ -148,7 +148,7 @@ def fill_whole(text: str, width: int = 80, keep: tuple[str, ...] = (), **options
     value (``--tp 2``) and no name at its hyphens."""
     for phrase in keep:  # textwrap breaks at ASCII whitespace only
         text = text.replace(phrase, phrase.replace(" ", "\xa0"))
-    glued = re.sub(r"(--[\w-]+) (?=[^-\s])", "\\1\xa0", text)
+    glued = re.sub(r"(--[\w-]+) (?=-?\d|[^-\s])", "\\1\xa0", text)  # a value, negative too
     return textwrap.fill(glued, width, break_long_words=False, break_on_hyphens=False, **options).replace("\xa0", " ")
 
 
@@ -431,7 +431,8 @@ def entry_detail(entry: ArchiveEntry) -> list:
     shown_primitives = [p if p in used else f"{p} (not in the expression)" for p in entry.primitives]
     head.add_row("primitives", ", ".join(shown_primitives) or "-")
     nonzero = sum(1 for c in entry.constants if c != 0)
-    if left_out or 0 in entry.constants[1:] or nonzero != len(printed_model(entry.expression).split(" + ")):
+    summed = entry.constants and nonzero > len(additive_terms(entry.expression))  # like terms, summed
+    if left_out or 0 in entry.constants[1:] or summed:
         note = "complexity, constants, primitives: the evolved tree's; the expression sums like terms, drops 0s"
         head.add_row("note", note)
     head.add_row("dataset fingerprint", entry.dataset_fingerprint or "-")

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
 from archive.entry import ArchiveEntry
 from evolve.crash import OutputClosed, output_closed
-from evolve.front_view import print_entries
+from evolve.front_view import COPY_LEGEND, print_entries, printed_copies
 from evolve.report import (
     ERROR_COLUMNS,
     display_expression,
@@ -193,23 +193,25 @@ class RunUI:
         """Stop the progress display and print the front and the run summary."""
         self._stop_live()
         entries = sorted(entries, key=lambda e: (e.complexity, e.id))
-        took = f"search {fmt_duration(time.monotonic() - self._t0)}"  # from start(): set-up not in it
+        took = f"{fmt_duration(time.monotonic() - self._t0)} after set-up"  # from start(): the search and its checks
         if "wall_time_s" in summary:
-            took += f", whole run {fmt_duration(summary['wall_time_s'])}"
+            took = f"{fmt_duration(summary['wall_time_s'])} in all, {took}"
         if self.quiet:
             rec = _recommended_id(entries)
             models = f"{len(entries)} model{'s' if len(entries) != 1 else ''}"
             ended = "finished" if summary.get("status", "finished") == "finished" else f"stopped ({summary['status']})"
-            self._plain(textwrap.fill(f"search {ended}: {models} on the front ({took})", 80, subsequent_indent="  "))
+            self._plain(textwrap.fill(f"search {ended}: {models} on the front; {took}", 80, subsequent_indent="  "))
+            copies = printed_copies(entries)
             for e in entries:
                 errs = " ".join(f"{k}={fmt_fraction(e.objectives[k])}" for k, _ in ERROR_COLUMNS if k in e.objectives)
-                line = (
-                    f"{'*' if e.id == rec else ' '} {e.id} cx={e.complexity} {errs} {display_expression(e.expression)}"
-                )
+                mark = "*" if e.id == rec else ("=" if e.id in copies else " ")
+                line = f"{mark} {e.id} cx={e.complexity} {errs} {display_expression(e.expression)}"
                 # at 80 columns, wrapped at spaces: a coefficient*primitive has none, so it is never split
                 self._plain(
                     textwrap.fill(line, 80, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
                 )
+            if copies - {rec}:
+                self._plain(COPY_LEGEND)
             for k, v in summary.items():
                 text = f"{k}: {fmt_number(v) if not isinstance(v, (dict, list)) else v}"
                 # a list or mapping wraps at 80 columns; a path or an expression stays whole

@@ -125,6 +125,15 @@ def test_resume_with_other_data_is_refused(store: ArchiveStore):
         store.start_run("r", CONFIG, 0, "fp2")
 
 
+def test_the_ids_hint_names_a_command_that_works(tmp_path: Path):
+    from archive.store import how_to_find_ids
+
+    # a run's folder; an archive file of another name is given itself; a space is quoted
+    assert "--run-dir runs/x`" in how_to_find_ids(Path("runs/x/archive.sqlite"))
+    assert "--run-dir /tmp/copy.sqlite`" in how_to_find_ids(Path("/tmp/copy.sqlite"))
+    assert "--run-dir '/tmp/my runs'`" in how_to_find_ids(Path("/tmp/my runs/archive.sqlite"))
+
+
 def test_get_unknown_and_ambiguous_ids(store: ArchiveStore):
     store.start_run("r", CONFIG, 0, "fp")
     entries = [make_entry(f"decode_tokens*{k}", 3, 0.1 * k) for k in range(1, 40)]
@@ -217,19 +226,3 @@ def test_two_trees_of_one_model_are_archived_at_the_simpler(store: ArchiveStore)
     assert [(e.id, e.complexity) for e in store.front()] == [(simple.id, 13)]
     store.record_generation("r1", 1, [bigger], [simple, bigger], {})  # the front holds the bigger tree only
     assert [(e.id, e.complexity) for e in store.front()] == [(simple.id, 15)]  # as the run printed it
-
-
-def test_trees_that_print_as_one_model_are_one_front_entry():
-    from archive.entry import printed_model, simplest_per_model
-
-    # a replay front listed one model three times (complexities 17, 21, 25): trees that fold
-    # to the same terms with constants equal to the printed digits, ids apart by the last bits
-    a = make_entry("11.837 + 4*allreduce_time_us + 1.12833*kv_io_time_us + 1601.92*tp", 17, 0.0389)
-    b = make_entry("11.8370000004 + 4*allreduce_time_us + 1601.92*tp + 1.128329999*kv_io_time_us", 21, 0.0389 - 1e-12)
-    c = make_entry("11.84 + 4*allreduce_time_us + 1.12833*kv_io_time_us + 1601.92*tp", 13, 0.04)  # another intercept
-    assert a.id != b.id and printed_model(a.expression) == printed_model(b.expression)
-    assert simplest_per_model([b, a, c]) == [a, c]
-    # terms are split outside brackets only, and keep their signs
-    assert printed_model("1.16*Max(w, g + k) - 2.5e-3*tp") == printed_model("-0.0025*tp + 1.16*Max(w, g + k)")
-    assert printed_model("1.16*Max(w, g + k)") != printed_model("1.16*Max(w, g) + k")
-    assert printed_model("2*log1p(x2)") == "2*log1p(x2)"  # digits inside names are no numbers

@@ -140,6 +140,42 @@ def test_show_says_what_of_the_tree_the_expression_leaves_out(tmp_path: Path, mo
     assert main(["archive", "show", FRONT[1].id]) == 0
     out = capsys.readouterr().out
     assert "intercept 0.5; terms 3" in out and "not in the expression" not in out and "drops 0s" not in out
+    # a sum inside a bracket is one term; an entry without constants has nothing to explain
+    for expr, constants in (("3.0 + 2.0*Max(a_us, b_us + c_us)", [3.0, 2.0]), ("2.0*x", [])):
+        plain = replace(entry(expr, 5, 0.03, 0.03), constants=constants, primitives=[])
+        with ArchiveStore(run_dir / "archive.sqlite") as store:
+            store.record_generation("run-1", 1, [plain], [plain], {})
+        assert main(["archive", "show", plain.id]) == 0
+        assert "drops 0s" not in capsys.readouterr().out, expr
+
+
+def test_a_tree_that_prints_as_a_simpler_entry_is_marked(tmp_path: Path, monkeypatch, capsys):
+    """Two trees whose fits print alike (a refit may weigh the bigger one's zero terms, so the
+    search keeps both): the bigger is marked '=', and the legend says what that means."""
+    from archive.entry import printed_model
+    from evolve.front_view import COPY_LEGEND
+
+    simple = entry("11.837 + 1.12833*kv_io_time_us + 1601.92*tp", 17, 0.0389, 0.0177)
+    bigger = entry("11.8370000004 + 1601.92*tp + 1.128329999*kv_io_time_us", 21, 0.0389, 0.0177)
+    assert simple.id != bigger.id and printed_model(simple.expression) == printed_model(bigger.expression)
+    assert printed_model("1.16*Max(w, g + k) - 2.5e-3*tp") == printed_model("-0.0025*tp + 1.16*Max(w, g + k)")
+    assert printed_model("1.16*Max(w, g + k)") != printed_model("1.16*Max(w, g) + k")
+    assert printed_model("2*log1p(x2)") == "2*log1p(x2)"  # digits inside names are no numbers
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "runs" / "r"
+    with ArchiveStore(run_dir / "archive.sqlite") as store:
+        store.start_run("run-1", {"generations": 1}, 0, "fp")
+        store.record_generation("run-1", 0, [simple, bigger], [simple, bigger], {})
+        store.finish_run("run-1", {"generations": 1})
+    record_latest(run_dir)
+    assert main(["archive", "list"]) == 0
+    out = capsys.readouterr().out
+
+    def marked(entry_id: str) -> bool:  # '=' before the id, in the table's row or the expressions' line
+        return any(entry_id in line and "=" in line.split(entry_id)[0] for line in out.splitlines())
+
+    assert marked(bigger.id) and not marked(simple.id)
+    assert COPY_LEGEND in out and max(map(len, out.splitlines())) <= 80
 
 
 def test_tables_show_constants_to_six_digits_and_json_keeps_them_exact(tmp_path: Path, monkeypatch, capsys):
@@ -419,6 +455,7 @@ def test_wrapped_lines_keep_an_option_with_its_value_and_a_command_whole():
     assert len(lines) > 1 and max(map(len, lines)) <= 80
     assert not any(line.rstrip(",)").endswith(("--tp", "--model")) for line in lines), text
     assert all(f"model-{i}-v0-1" in text.replace("\n", " ") for i in range(6))  # names unbroken at hyphens
+    assert "--tp -1" in fill_whole("x " * 37 + "--tp -1", 80)  # a negative value stays too
     command = "python -m evolve score abc --data DIR --lodo"
     wrapped = fill_whole("word " * 13 + command + " checks.", 80, keep=(command,))
     assert any(command in line for line in wrapped.splitlines()), wrapped
