@@ -125,13 +125,13 @@ def test_resume_with_other_data_is_refused(store: ArchiveStore):
         store.start_run("r", CONFIG, 0, "fp2")
 
 
-def test_the_ids_hint_names_a_command_that_works(tmp_path: Path):
+def test_the_ids_hint_names_a_command_that_works():
     from archive.store import how_to_find_ids
 
     # a run's folder; an archive file of another name is given itself; a space is quoted
     assert "--run-dir runs/x`" in how_to_find_ids(Path("runs/x/archive.sqlite"))
-    assert "--run-dir /tmp/copy.sqlite`" in how_to_find_ids(Path("/tmp/copy.sqlite"))
-    assert "--run-dir '/tmp/my runs'`" in how_to_find_ids(Path("/tmp/my runs/archive.sqlite"))
+    assert "--run-dir saved/copy.sqlite`" in how_to_find_ids(Path("saved/copy.sqlite"))
+    assert "--run-dir 'my runs/x'`" in how_to_find_ids(Path("my runs/x/archive.sqlite"))
 
 
 def test_get_unknown_and_ambiguous_ids(store: ArchiveStore):
