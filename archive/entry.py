@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import asdict, dataclass, field
 
 from primitives.infix_syntax import check_infix
@@ -22,38 +21,6 @@ def simplest_per_id(entries) -> list:
         if e.id not in kept or e.complexity < kept[e.id].complexity:
             kept[e.id] = e
     return list(kept.values())
-
-
-# a decimal number that is not part of a name (``log1p``, ``x2``)
-_DECIMAL = re.compile(r"(?<![\w.])(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?(?![\w.])")
-PRINTED_DIGITS = 6  # as the tables print a model's constants
-
-
-def additive_terms(expression: str) -> list[str]:
-    """EXPRESSION's additive terms, split at `` + `` and `` - `` outside brackets, each with
-    its sign (``-2*x``) and single spaces."""
-    terms, depth, start = [], 0, 0
-    for i, ch in enumerate(expression):
-        depth += (ch in "([") - (ch in ")]")
-        if depth == 0 and ch in "+-" and expression[i - 1 : i] == " " and expression[i + 1 : i + 2] == " ":
-            terms.append(expression[start:i])
-            start = i  # the sign stays with its term
-    terms.append(expression[start:])
-    out = []
-    for term in terms:
-        term = " ".join(term.lstrip("+ ").split())
-        out.append("-" + term[1:].lstrip() if term.startswith("-") else term)  # "- 2*x" as "-2*x"
-    return out
-
-
-def printed_model(expression: str) -> str:
-    """EXPRESSION as one model, whatever tree it came from: its additive terms in sorted
-    order, every number to PRINTED_DIGITS significant digits."""
-
-    def rounded(term: str) -> str:
-        return _DECIMAL.sub(lambda m: format(float(m.group()), f".{PRINTED_DIGITS}g"), term)
-
-    return " + ".join(sorted(rounded(t) for t in additive_terms(expression)))
 
 
 @dataclass

@@ -23,6 +23,7 @@ from typing import Iterator
 from urllib.parse import quote
 
 from archive.entry import ArchiveEntry, simplest_per_id
+from archive.rundir import ARCHIVE_FILENAME
 from archive.store_json import dumps, id_list, json_or_damage
 from primitives.errors import InputError
 
@@ -32,7 +33,7 @@ SCHEMA_VERSION = 1
 def how_to_find_ids(archive: Path) -> str:
     """Where an id was not found: the command that lists this archive's ids (``--run-dir``
     takes a run's folder, or an archive file of another name itself)."""
-    where = shlex.quote(str(archive.parent if archive.name == "archive.sqlite" else archive))
+    where = shlex.quote(str(archive.parent if archive.name == ARCHIVE_FILENAME else archive))
     return f"list ids with `python -m evolve archive list --run-dir {where}` (add --all for every entry)"
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import textwrap
 
-from archive.entry import ArchiveEntry, printed_model
-from evolve.report import ERROR_COLUMNS, display_expression, fmt_fraction, titled_table
+from archive.entry import ArchiveEntry
+from evolve.report import ERROR_COLUMNS, display_expression, fmt_fraction, printed_form, titled_table
 
 
 def print_entries(console, entries: list[ArchiveEntry], recommended_id: str | None = None, title: str | None = None):
@@ -16,17 +16,16 @@ def print_entries(console, entries: list[ArchiveEntry], recommended_id: str | No
     longest = max((len(display_expression(e.expression)) for e in entries), default=0)
     narrow = entries_table(entries, recommended_id, title, expressions=False)
     room = console.width - console.measure(narrow).maximum - 3  # the column's border and padding
-    legend = entries_legend(entries, recommended_id)
+    marks = entry_marks(entries, recommended_id)
+    legend = entries_legend(entries, recommended_id, marks)
     console.print(entries_table(entries, recommended_id, title) if longest <= room else narrow)
     for line in legend:
         console.print(line, markup=False, highlight=False)
     if longest <= room:
         return
     console.print("expressions (step time, µs; constants to 6 digits, --json: exact):", markup=False, highlight=False)
-    copies = printed_copies(entries)
     for e in entries:
-        mark = "*" if e.id == recommended_id else ("=" if e.id in copies else " ")
-        head = f"{mark} {e.id}  "
+        head = f"{marks[e.id] or ' '} {e.id}  "
         # wrapped at spaces: a coefficient*primitive has none, so it is never split
         text = textwrap.fill(
             display_expression(e.expression),
@@ -58,10 +57,9 @@ def entries_table(
     if expressions:
         table.add_column("expression", overflow="fold")
     mixed = _mixed_closed_loop(entries)
-    copies = printed_copies(entries)
+    marks = entry_marks(entries, recommended_id)
     for e in entries:
-        mark = "*" if e.id == recommended_id else ("=" if e.id in copies else "")
-        row = [mark, e.id, str(e.generation), str(e.complexity)]
+        row = [marks[e.id], e.id, str(e.generation), str(e.complexity)]
         for key, _ in shown:
             text = fmt_fraction(e.objectives.get(key))
             if mixed and key in CLOSED_LOOP_KEYS:  # say which figures are simulated end to end
@@ -85,16 +83,24 @@ def _mixed_closed_loop(entries: list[ArchiveEntry]) -> bool:
     return len(checked) == 2
 
 
-def printed_copies(entries: list[ArchiveEntry]) -> set[str]:
-    """Ids of entries whose expression prints as that of a simpler one among ENTRIES."""
-    first: dict[str, ArchiveEntry] = {}
+def entry_marks(entries: list[ArchiveEntry], recommended_id: str | None) -> dict[str, str]:
+    """Each entry's mark: "*" recommended; "=" its expression prints as a simpler entry's
+    (``printed_form``); "" neither."""
+    first: dict[str, str] = {}
     for e in sorted(entries, key=lambda e: (e.complexity, e.id)):
-        first.setdefault(printed_model(e.expression), e)
-    return {e.id for e in entries if first[printed_model(e.expression)].id != e.id}
+        first.setdefault(printed_form(e.expression), e.id)
+    return {
+        e.id: "*" if e.id == recommended_id else ("=" if first[printed_form(e.expression)] != e.id else "")
+        for e in entries
+    }
 
 
-def entries_legend(entries: list[ArchiveEntry], recommended_id: str | None) -> list[str]:
-    """The lines below an entries table: what its marks mean (as lines: a caption wraps to the table's width)."""
-    lines = [RECOMMENDED_LEGEND] if any(e.id == recommended_id for e in entries) else []
-    lines += [COPY_LEGEND] if printed_copies(entries) - {recommended_id} else []
+def entries_legend(
+    entries: list[ArchiveEntry], recommended_id: str | None, marks: dict[str, str] | None = None
+) -> list[str]:
+    """The lines below an entries table: what its marks mean (as lines: a caption wraps to the
+    table's width); MARKS: ``entry_marks``, if made already."""
+    marks = entry_marks(entries, recommended_id) if marks is None else marks
+    lines = [RECOMMENDED_LEGEND] if "*" in marks.values() else []
+    lines += [COPY_LEGEND] if "=" in marks.values() else []
     return lines + ([CLOSED_LOOP_LEGEND] if _mixed_closed_loop(entries) else [])

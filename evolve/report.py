@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from archive.entry import ArchiveEntry, additive_terms
+from archive.entry import ArchiveEntry
 
 # Error objectives shown as columns when any entry has them (fractions, shown as %).
 ERROR_COLUMNS = (
@@ -108,6 +108,23 @@ def display_expression(expression: str) -> str:
     """An expression as a person reads it: its literals to 6 significant digits, as the
     constants are shown (the archive and every --json keep them exact)."""
     return _FLOAT_LITERAL.sub(lambda m: fmt_number(float(m.group())), expression)
+
+
+def expression_terms(expression: str) -> list[str]:
+    """An expression's text split into its additive terms outside brackets, minus kept (``-2*x``)."""
+    terms, depth, start = [], 0, 0
+    for i, ch in enumerate(expression):
+        depth += (ch in "([") - (ch in ")]")
+        if depth == 0 and expression[i - 1 : i + 2] in (" + ", " - "):
+            terms.append(expression[start:i])
+            start = i + 2 if ch == "+" else i  # a minus stays with its term
+    terms.append(expression[start:])
+    return [re.sub(r"^- ", "-", " ".join(t.split())) for t in terms]
+
+
+def printed_form(expression: str) -> str:
+    """EXPRESSION as the tables print it, its terms sorted: trees whose fits print alike share it."""
+    return " + ".join(sorted(expression_terms(display_expression(expression))))
 
 
 def fmt_cell(key: str, value: Any) -> str:
@@ -431,7 +448,7 @@ def entry_detail(entry: ArchiveEntry) -> list:
     shown_primitives = [p if p in used else f"{p} (not in the expression)" for p in entry.primitives]
     head.add_row("primitives", ", ".join(shown_primitives) or "-")
     nonzero = sum(1 for c in entry.constants if c != 0)
-    summed = entry.constants and nonzero > len(additive_terms(entry.expression))  # like terms, summed
+    summed = entry.constants and nonzero > len(expression_terms(entry.expression))  # like terms, summed
     if left_out or 0 in entry.constants[1:] or summed:
         note = "complexity, constants, primitives: the evolved tree's; the expression sums like terms, drops 0s"
         head.add_row("note", note)

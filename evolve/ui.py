@@ -24,7 +24,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
 from archive.entry import ArchiveEntry
 from evolve.crash import OutputClosed, output_closed
-from evolve.front_view import COPY_LEGEND, print_entries, printed_copies
+from evolve.front_view import COPY_LEGEND, entry_marks, print_entries
 from evolve.report import (
     ERROR_COLUMNS,
     display_expression,
@@ -201,16 +201,15 @@ class RunUI:
             models = f"{len(entries)} model{'s' if len(entries) != 1 else ''}"
             ended = "finished" if summary.get("status", "finished") == "finished" else f"stopped ({summary['status']})"
             self._plain(textwrap.fill(f"search {ended}: {models} on the front; {took}", 80, subsequent_indent="  "))
-            copies = printed_copies(entries)
+            marks = entry_marks(entries, rec)
             for e in entries:
                 errs = " ".join(f"{k}={fmt_fraction(e.objectives[k])}" for k, _ in ERROR_COLUMNS if k in e.objectives)
-                mark = "*" if e.id == rec else ("=" if e.id in copies else " ")
-                line = f"{mark} {e.id} cx={e.complexity} {errs} {display_expression(e.expression)}"
+                line = f"{marks[e.id] or ' '} {e.id} cx={e.complexity} {errs} {display_expression(e.expression)}"
                 # at 80 columns, wrapped at spaces: a coefficient*primitive has none, so it is never split
                 self._plain(
                     textwrap.fill(line, 80, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
                 )
-            if copies - {rec}:
+            if "=" in marks.values():
                 self._plain(COPY_LEGEND)
             for k, v in summary.items():
                 text = f"{k}: {fmt_number(v) if not isinstance(v, (dict, list)) else v}"

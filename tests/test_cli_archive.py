@@ -152,15 +152,15 @@ def test_show_says_what_of_the_tree_the_expression_leaves_out(tmp_path: Path, mo
 def test_a_tree_that_prints_as_a_simpler_entry_is_marked(tmp_path: Path, monkeypatch, capsys):
     """Two trees whose fits print alike (a refit may weigh the bigger one's zero terms, so the
     search keeps both): the bigger is marked '=', and the legend says what that means."""
-    from archive.entry import printed_model
     from evolve.front_view import COPY_LEGEND
+    from evolve.report import printed_form
 
     simple = entry("11.837 + 1.12833*kv_io_time_us + 1601.92*tp", 17, 0.0389, 0.0177)
     bigger = entry("11.8370000004 + 1601.92*tp + 1.128329999*kv_io_time_us", 21, 0.0389, 0.0177)
-    assert simple.id != bigger.id and printed_model(simple.expression) == printed_model(bigger.expression)
-    assert printed_model("1.16*Max(w, g + k) - 2.5e-3*tp") == printed_model("-0.0025*tp + 1.16*Max(w, g + k)")
-    assert printed_model("1.16*Max(w, g + k)") != printed_model("1.16*Max(w, g) + k")
-    assert printed_model("2*log1p(x2)") == "2*log1p(x2)"  # digits inside names are no numbers
+    assert simple.id != bigger.id and printed_form(simple.expression) == printed_form(bigger.expression)
+    assert printed_form("1.16*Max(w, g + k) - 2.5e-3*tp") == printed_form("-0.0025*tp + 1.16*Max(w, g + k)")
+    assert printed_form("1.16*Max(w, g + k)") != printed_form("1.16*Max(w, g) + k")
+    assert printed_form("2*log1p(x2)") == "2*log1p(x2)"  # digits inside names are no numbers
     monkeypatch.chdir(tmp_path)
     run_dir = tmp_path / "runs" / "r"
     with ArchiveStore(run_dir / "archive.sqlite") as store:
