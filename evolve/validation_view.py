@@ -42,14 +42,17 @@ LABELS = {"e2e": "E2E", "ttft": "TTFT", "itl": "ITL", "tpot": "TPOT"}
 MEAN_UNITS = (("e2e", "s", 1.0), ("ttft", "ms", 1e3), ("itl", "ms", 1e3))
 
 
-def experiment_label(item: dict) -> str:
+def experiment_label(item: dict, with_rate: bool = True) -> str:
     """An item's experiment, short enough for one line of an 80-column table: no date prefix,
-    no ``-hf`` or version suffix on the model (``mixtral-8x7b tp2 general``)."""
+    no ``-hf`` or version suffix on the model (``mixtral-8x7b tp2 general``). A stage
+    transfer's row also names its held-out stage by its rate, unless ``with_rate`` is off
+    (the terminal's tables say the rate on a line above the rows: ``add_item_rows``)."""
     name = short_experiment_name(item["name"])
     if "held_out_stage" in item:  # stage transfer: one row per high-rate stage, named by its rate
         rate = item.get("rate_per_s")
         several = rate is None or item.get("held_out_stages", 1) > 1  # stages at one rate: say which
-        name += " " + stage_label(rate, item["held_out_stage"] if several else None)
+        label = stage_label(rate if with_rate else None, item["held_out_stage"] if several else None)
+        name += f" {label}" if label else ""
     return name  # a held-out model or workload: every row is one, as the title says
 
 
@@ -58,6 +61,26 @@ def stage_label(rate_per_s: float | None, stage: int | None) -> str:
     (``stage_1``: counted from 0, so "stage 1" alone would read as the first)."""
     rate = f"@{rate_per_s:g}/s" if rate_per_s is not None else ""
     return " ".join(part for part in (rate, f"stage_{stage}" if stage is not None else "") if part)
+
+
+def add_item_rows(table, items: list[dict], cells) -> None:
+    """A row per item: its label and ``cells(item)``. A stage transfer's rows go under a line
+    per held-out rate (``@20/s``), in the items' order within it: with the rate in every
+    label, the longest ones took two lines at 80 columns."""
+    staged = [it for it in items if "held_out_stage" in it and it.get("rate_per_s") is not None]
+    if not staged:
+        for it in items:
+            table.add_row(experiment_label(it), *cells(it))
+        return
+    rates = sorted({it["rate_per_s"] for it in staged})
+    for rate in rates:
+        table.add_row(f"[bold]{stage_label(rate, None)}[/]")
+        for it in staged:
+            if it["rate_per_s"] == rate:
+                table.add_row("  " + experiment_label(it, with_rate=False), *cells(it))
+    for it in items:  # rows of no known rate (none from validate): as they are
+        if it not in staged:
+            table.add_row(experiment_label(it), *cells(it))
 
 
 def fmt_error(value: float | None) -> str:
@@ -103,30 +126,36 @@ def means_table(result: dict, title: str):
     for m, unit, _ in MEAN_UNITS:
         t.add_column(f"{LABELS[m]} {unit}", justify="right", no_wrap=True)
     t.add_column("failed %", justify="right", no_wrap=True)
-    for it in result.get("experiments", []):
-        cells = [
-            f"{fmt_value(it.get(f'{m}_mean_pred_s'), k)} / {fmt_value(it.get(f'{m}_mean_obs_s'), k)}"
-            for m, _, k in MEAN_UNITS
-        ]
-        fail = [it.get("failure_fraction_pred"), it.get("failure_fraction_obs")]
-        if fail == [None, None] and "failures_pred" in it:  # items from before failure fractions
-            fail = [it.get("failures_pred"), it.get("failures_obs")]
-            cells.append(" / ".join("—" if f is None else str(f) for f in fail))
-        else:
-            cells.append(" / ".join(fmt_value(f, 100.0) for f in fail))
-        t.add_row(experiment_label(it), *cells)
+    add_item_rows(t, result.get("experiments", []), _mean_cells)
     return t
 
 
+def _mean_cells(it: dict) -> list[str]:
+    """An item's means and failed share, predicted / observed."""
+    cells = [
+        f"{fmt_value(it.get(f'{m}_mean_pred_s'), k)} / {fmt_value(it.get(f'{m}_mean_obs_s'), k)}"
+        for m, _, k in MEAN_UNITS
+    ]
+    fail = [it.get("failure_fraction_pred"), it.get("failure_fraction_obs")]
+    if fail == [None, None] and "failures_pred" in it:  # items from before failure fractions
+        fail = [it.get("failures_pred"), it.get("failures_obs")]
+        return [*cells, " / ".join("—" if f is None else str(f) for f in fail)]
+    return [*cells, " / ".join(fmt_value(f, 100.0) for f in fail)]
+
+
 def errors_table(result: dict, title: str):
-    """Per experiment: the signed errors of the means and tails of E2E, TTFT and ITL."""
+    """Per experiment with results: the signed errors of the means and tails of E2E, TTFT and
+    ITL (None if no experiment has any; rows of dashes only would say nothing)."""
+    observed = [
+        it for it in result.get("experiments", []) if any(_error(it, m, s) is not None for m, s in ERROR_COLUMNS)
+    ]
+    if not observed:
+        return None
     t = _table(title)
     t.add_column("experiment", overflow="fold", ratio=1)
     for m, stat in ERROR_COLUMNS:
         t.add_column(f"{LABELS[m]}\n{stat}", justify="right", no_wrap=True)
-    for it in result.get("experiments", []):
-        errors = [_error(it, m, stat) for m, stat in ERROR_COLUMNS]
-        t.add_row(experiment_label(it), *(fmt_error(e) for e in errors))
+    add_item_rows(t, observed, lambda it: [fmt_error(_error(it, m, s)) for m, s in ERROR_COLUMNS])
     return t
 
 
@@ -213,7 +242,9 @@ def print_validation(console, result: dict, title: str) -> None:
     under TITLE as a line of its own (in a table's title it wrapped at 80 columns)."""
     console.print(title, style="bold", markup=False, highlight=False)
     console.print(means_table(result, "Means: predicted / observed"))
-    console.print(errors_table(result, "Signed errors in % (pred / obs - 1)"))
+    errors = errors_table(result, "Signed errors in % (pred / obs - 1)")
+    if errors is not None:
+        console.print(errors)
     if any(it.get(f"{m}_mean_obs_s") is None for it in result.get("experiments", []) for m, _, _ in MEAN_UNITS):
         console.print("—: nothing observed to compare (the experiment's results are withheld or absent)")
     if result.get("ranking"):

@@ -212,6 +212,39 @@ def test_experiment_labels_fit_a_line_and_name_a_held_out_stage_by_its_rate():
     assert "ITL p50 is the gap between a token's two events" in shown
 
 
+def test_stage_transfer_rows_go_under_their_rate_and_rows_without_results_leave_the_errors_table():
+    """The longest stage-transfer labels took two lines at 80 columns with the rate in each;
+    the rate now heads its rows. A withheld experiment's row of dashes leaves the errors
+    table (the means table still shows what it predicts)."""
+    from evolve.validation_view import print_validation
+
+    def staged(name, rate, error):
+        return {"name": name, "held_out_stage": 1, "rate_per_s": rate, "e2e_mean_error": error, "e2e_p99_error": -0.113}
+
+    items = [
+        staged("20260218-150304-codellama-34b-tp2-general", 20.0, 0.012),
+        staged("20260218-150956-codellama-34b-tp2-codegen", 10.0, -0.019),
+        staged("20260218-130541-mixtral-8x7b-v0-1-tp2-general", 20.0, 0.027),
+    ]
+    lines = _lines(lambda c: print_validation(c, {"experiments": items, "summary": {}}, "Validation of x"))
+    assert max(len(line) for line in lines) <= 80
+    table = lines[next(i for i, line in enumerate(lines) if line.startswith("Signed errors")) :]
+    heads = [i for i, line in enumerate(table) if line.strip() in ("@10/s", "@20/s")]
+    assert [table[i].strip() for i in heads] == ["@10/s", "@20/s"]  # by rate, each once
+    assert table[heads[0] + 1].split()[:4] == ["codellama-34b", "tp2", "codegen", "-1.9"]
+    assert table[heads[1] + 1].split()[:4] == ["codellama-34b", "tp2", "general", "+1.2"]
+    assert table[heads[1] + 2].split()[:4] == ["mixtral-8x7b", "tp2", "general", "+2.7"]  # items' order within
+    withheld = {"name": "20260218-160939-codellama-34b-tp2-reasoning", "e2e_mean_pred_s": 64.3, "e2e_mean_obs_s": None}
+    seen = {**items[0], "name": "20260218-155500-codellama-34b-tp2-roleplay"}
+    del seen["held_out_stage"]
+    lines = _lines(lambda c: print_validation(c, {"experiments": [seen, withheld], "summary": {}}, "V"))
+    errors = lines[next(i for i, line in enumerate(lines) if line.startswith("Signed errors")) :]
+    assert any("64.3 / —" in line for line in lines) and not any("reasoning" in line for line in errors)
+    assert any(line.split()[:3] == ["codellama-34b", "tp2", "roleplay"] for line in errors)
+    only = _lines(lambda c: print_validation(c, {"experiments": [withheld], "summary": {}}, "V"))
+    assert not any(line.startswith("Signed errors") for line in only)
+
+
 def test_a_transfer_check_keeps_its_names_whole_and_its_counts_readable(validated):
     """--lomo: the held-out models' table names each model unbroken, within 80 columns, and
     the summary's counts read as words below its table, not as keys squeezed into a caption."""
