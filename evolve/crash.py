@@ -123,16 +123,21 @@ class OutputClosed(KeyboardInterrupt):
         super().__init__("its standard output was closed")
 
 
-def silence_stdout() -> None:
-    """Point standard output at /dev/null: what is still to print, and the flush at exit, go
-    nowhere once its reader has gone (a stream without a descriptor is left as it is)."""
+def _to_devnull(stream) -> None:
+    """Point STREAM's descriptor at /dev/null: what is still to print, and the flush at exit,
+    go nowhere once its reader has gone (a stream without a descriptor is left as it is)."""
     try:
-        fd = sys.stdout.fileno()
+        fd = stream.fileno()
     except (AttributeError, OSError, ValueError):
         return
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, fd)
     os.close(devnull)
+
+
+def silence_stdout() -> None:
+    """Standard output to /dev/null (``_to_devnull``)."""
+    _to_devnull(sys.stdout)
 
 
 def say(line: str) -> None:
@@ -144,10 +149,8 @@ def say(line: str) -> None:
         if isinstance(exc, ValueError) and not getattr(sys.stderr, "closed", False):
             raise  # not a closed stream (an encoding error): not to be silenced
         try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stderr.fileno())  # the flush at exit goes nowhere too
-            os.close(devnull)
-        except (AttributeError, OSError, ValueError):
+            _to_devnull(sys.stderr)  # the flush at exit goes nowhere too
+        except OSError:
             pass
 
 

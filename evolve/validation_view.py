@@ -67,19 +67,17 @@ def add_item_rows(table, items: list[dict], cells) -> None:
     """A row per item: its label and ``cells(item)``. A stage transfer's rows go under a line
     per held-out rate (``@20/s``), in the items' order within it: with the rate in every
     label, the longest ones took two lines at 80 columns."""
-    staged = [it for it in items if "held_out_stage" in it and it.get("rate_per_s") is not None]
-    if not staged:
+
+    def rate(it: dict) -> float | None:
+        return it.get("rate_per_s") if "held_out_stage" in it else None
+
+    for held_out in sorted({rate(it) for it in items} - {None}):
+        table.add_row(f"[bold]{stage_label(held_out, None)}[/]")
         for it in items:
-            table.add_row(experiment_label(it), *cells(it))
-        return
-    rates = sorted({it["rate_per_s"] for it in staged})
-    for rate in rates:
-        table.add_row(f"[bold]{stage_label(rate, None)}[/]")
-        for it in staged:
-            if it["rate_per_s"] == rate:
+            if rate(it) == held_out:
                 table.add_row("  " + experiment_label(it, with_rate=False), *cells(it))
-    for it in items:  # rows of no known rate (none from validate): as they are
-        if it not in staged:
+    for it in items:  # every row of any other check, and a stage of no known rate: as they are
+        if rate(it) is None:
             table.add_row(experiment_label(it), *cells(it))
 
 
