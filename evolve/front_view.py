@@ -14,12 +14,11 @@ def print_entries(console, entries: list[ArchiveEntry], recommended_id: str | No
     """The entries table, with the expressions in a column when every one fits beside the
     other columns unwrapped, else below the table, each wrapped at its spaces."""
     longest = max((len(display_expression(e.expression)) for e in entries), default=0)
-    narrow = entries_table(entries, recommended_id, title, expressions=False)
-    room = console.width - console.measure(narrow).maximum - 3  # the column's border and padding
     marks = entry_marks(entries, recommended_id)
-    legend = entries_legend(entries, recommended_id, marks)
-    console.print(entries_table(entries, recommended_id, title) if longest <= room else narrow)
-    for line in legend:
+    narrow = entries_table(entries, marks, title, expressions=False)
+    room = console.width - console.measure(narrow).maximum - 3  # the column's border and padding
+    console.print(entries_table(entries, marks, title) if longest <= room else narrow)
+    for line in entries_legend(entries, marks):
         console.print(line, markup=False, highlight=False)
     if longest <= room:
         return
@@ -40,11 +39,12 @@ def print_entries(console, entries: list[ArchiveEntry], recommended_id: str | No
 
 def entries_table(
     entries: list[ArchiveEntry],
-    recommended_id: str | None = None,
+    marks: dict[str, str],
     title: str | None = None,
     expressions: bool = True,
 ):
-    """The front as a table: id, generation found, complexity, errors present, expression (if EXPRESSIONS)."""
+    """The front as a table: mark (``entry_marks``), id, generation found, complexity, errors
+    present, expression (if EXPRESSIONS)."""
 
     table = titled_table(title, show_lines=False)
     table.add_column("", width=1)
@@ -57,7 +57,6 @@ def entries_table(
     if expressions:
         table.add_column("expression", overflow="fold")
     mixed = _mixed_closed_loop(entries)
-    marks = entry_marks(entries, recommended_id)
     for e in entries:
         row = [marks[e.id], e.id, str(e.generation), str(e.complexity)]
         for key, _ in shown:
@@ -95,12 +94,9 @@ def entry_marks(entries: list[ArchiveEntry], recommended_id: str | None) -> dict
     }
 
 
-def entries_legend(
-    entries: list[ArchiveEntry], recommended_id: str | None, marks: dict[str, str] | None = None
-) -> list[str]:
-    """The lines below an entries table: what its marks mean (as lines: a caption wraps to the
-    table's width); MARKS: ``entry_marks``, if made already."""
-    marks = entry_marks(entries, recommended_id) if marks is None else marks
+def entries_legend(entries: list[ArchiveEntry], marks: dict[str, str]) -> list[str]:
+    """The lines below an entries table: what its marks (``entry_marks``) mean (as lines: a
+    caption wraps to the table's width)."""
     lines = [RECOMMENDED_LEGEND] if "*" in marks.values() else []
     lines += [COPY_LEGEND] if "=" in marks.values() else []
     return lines + ([CLOSED_LOOP_LEGEND] if _mixed_closed_loop(entries) else [])
