@@ -112,8 +112,15 @@ def _pct(fraction, signed: bool = False) -> str:
 
 
 def _fail(item: dict) -> str:
-    """Failed share, predicted / observed, to one decimal as the terminal's table gives it."""
-    return f"{fmt_share(item.get('failure_fraction_pred'))} / {fmt_share(item.get('failure_fraction_obs'))}"
+    """Failed share, predicted / observed, to one decimal as the terminal's table gives it;
+    coloured by their difference in percentage points where both are known (goal: 10)."""
+    pred, obs = item.get("failure_fraction_pred"), item.get("failure_fraction_obs")
+    text = f"{fmt_share(pred)} / {fmt_share(obs)}"
+    if pred is None or obs is None:
+        return text
+    pp = 100.0 * abs(pred - obs)
+    cls = "good" if pp <= 10 else ("fair" if pp <= 15 else "bad")
+    return f"<td class='{cls}' title='{pp:.1f} percentage points apart'>{text}</td>"
 
 
 def error_rows(items: list[dict], stages: bool) -> list[list[str]]:
@@ -347,21 +354,29 @@ def _draws_note(result: dict) -> str:
     )
 
 
+def _unscored(observed: bool) -> str:
+    return "every request of the real run failed" if observed else "results withheld"
+
+
 def render(result: dict, entry, experiments_dir: str = "", run_dir: Path | None = None, resolver=None) -> str:
     """The whole page (a string of HTML)."""
     items = result.get("experiments", [])
     scored = [i for i in items if i.get("e2e_mean_obs_s") is not None]
+    observed = [i for i in items if i.get("failures_obs") is not None]  # scored, and those where every request failed
+    all_failed = len(observed) - len(scored)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     fig = predicted_vs_observed_figure(items, f"{entry.id}: predicted against observed", ("mean", "p90", "p99"))
     curves = "".join(
         f"<h3>{escape(experiment_label(it))}</h3>"
-        + ("" if it in scored else "<p class='note'>results withheld: simulated curves only</p>")
+        + ("" if it in scored else f"<p class='note'>{_unscored(it in observed)}: simulated curves only</p>")
         + _img(curves_figure(it), f"percentile curves of {it['name']}")
         for it in items
     )
     sections = [
         f"<h1>Validation of {escape(entry.id)}</h1>",
-        f"<p class='note'>closed loop over {len(items)} experiments ({len(scored)} with results) under "
+        f"<p class='note'>closed loop over {len(items)} experiments ({len(observed)} with results"
+        + (f"; in {all_failed} every request failed, so only the failed share is compared" if all_failed else "")
+        + ") under "
         f"<code>{escape(experiments_dir)}</code>; written {when}. Errors are predicted / observed − 1, "
         "over the successful requests; ITL pools every gap between streamed events (two events per token)."
         + _draws_note(result)
@@ -370,7 +385,8 @@ def render(result: dict, entry, experiments_dir: str = "", run_dir: Path | None 
         "<h2>Summary</h2>",
         _table(summary_header(result.get("summary", {})), summary_rows(result.get("summary", {}))),
         "<h2>Errors per experiment and load stage</h2>",
-        "<p class='note'>green within 10%, yellow within 15%, red beyond; hover a cell for the values. "
+        "<p class='note'>green within 10%, yellow within 15%, red beyond (the failed share: within 10 and 15"
+        " percentage points); hover a cell for the values. "
         "ITL p50 is uncoloured: half of ITL's pooled gaps are the tens of microseconds between a token's "
         "two streamed events, so its median is that client-side gap, not a step.</p>",
         _table(_error_header(), error_rows(items, stages=True)),

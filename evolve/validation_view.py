@@ -244,7 +244,7 @@ def print_validation(console, result: dict, title: str) -> None:
     if errors is not None:
         console.print(errors)
     if any(it.get(f"{m}_mean_obs_s") is None for it in result.get("experiments", []) for m, _, _ in MEAN_UNITS):
-        console.print("—: nothing observed to compare (the experiment's results are withheld or absent)")
+        console.print("—: nothing to compare (results withheld or absent, or every request failed)")
     if result.get("ranking"):
         console.print(ranking_table(result["ranking"]))
     console.print(summary_table(result.get("summary", {})))

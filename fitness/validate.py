@@ -229,9 +229,12 @@ def summarise(items: list[dict]) -> dict:
     over the items with results, and of the failure fraction's difference in percentage points.
     With several draws of the load, ``obs_in_range`` counts, per ``<metric>_<stat>``, the
     observations that lie inside the draws' range, out of those compared."""
-    out: dict = {"experiments": len(items), "with_results": 0}
-    for m, (mean, worst, n) in error_stats({m: [i.get(f"{m}_error") for i in items] for m in REPLAY_METRICS}).items():
-        out["with_results"] = n
+    observed = [i for i in items if i.get("failures_obs") is not None]
+    out: dict = {"experiments": len(items), "with_results": len(observed)}
+    served_none = sum(1 for i in observed if i.get("e2e_mean_obs_s") is None)
+    if served_none:  # results, but no latency to compare: only the failure fraction is scored
+        out["all_failed"] = served_none
+    for m, (mean, worst, _) in error_stats({m: [i.get(f"{m}_error") for i in items] for m in REPLAY_METRICS}).items():
         out[f"{m}_error_mean"] = mean
         out[f"{m}_error_max"] = worst
     tails = {f"{m}_{stat}": [i.get(f"{m}_{stat}_error") for i in items] for m in LATENCY_METRICS for stat in TAIL_STATS}

@@ -206,7 +206,7 @@ def test_experiment_labels_fit_a_line_and_name_a_held_out_stage_by_its_rate():
     withheld = {"name": name, "e2e_mean_pred_s": 93.8, "e2e_mean_obs_s": None, "failure_fraction_pred": 0.0}
     lines = _lines(lambda c: print_validation(c, {"experiments": [withheld], "summary": {}}, "Validation of x"))
     assert any("mixtral-8x7b tp2 reasoning" in line and "93.8 / —" in line for line in lines)  # one line
-    assert any(line.startswith("—: nothing observed to compare") for line in lines)
+    assert any(line.startswith("—: nothing to compare (results withheld") for line in lines)
     summary = {"itl_p50_error_mean": 0.429, "itl_p50_error_max": 0.741}
     shown = "\n".join(_lines(lambda c: c.print(summary_table(summary))))
     assert "ITL p50 is the gap between a token's two events" in shown
@@ -404,3 +404,26 @@ def test_the_failed_share_reads_as_the_terminal_gives_it():
 
     item = {"name": "20260218-x-tp2-reasoning", "failure_fraction_pred": 0.0635, "failure_fraction_obs": None}
     assert error_rows([item], stages=False)[0][-1] == "6.3% / —"  # one decimal, as fmt_share; no result: —
+
+
+def test_a_run_whose_every_request_failed_is_scored_on_its_failed_share(tmp_path, monkeypatch):
+    """The real run's lifecycle files count failures only (no latency block): it has results,
+    its failed share is compared and coloured by the 10-point goal, its latencies are not."""
+    monkeypatch.chdir(tmp_path)
+    d = write_experiment(tmp_path, "20260101-000000-llama-2-7b-tp1-reasoning", *LLAMA_7B, rate=1.0, duration=4)
+    none = {"count": 0, "latency": {k: None for k in ("request_latency", "time_to_first_token")}}
+    (d / "results" / "summary_lifecycle_metrics.json").write_text(
+        json.dumps({"successes": none, "failures": {"count": 4, "request_latency": None}})
+    )
+    res = validate_entry(entry(), tmp_path, None, default_resolver(), jobs=1)
+    (item,) = res["experiments"]
+    assert item["failure_fraction_obs"] == 1.0 and item["failure_fraction_pred"] == 0.0
+    assert item["e2e_mean_obs_s"] is None and item["e2e_error"] is None and item["e2e_mean_pred_s"] > 0
+    assert res["summary"]["with_results"] == 1 and res["summary"]["all_failed"] == 1
+    assert res["summary"]["failure_fraction_diff_pp_max"] == 100.0
+    lines = _lines(lambda c: print_validation(c, res, "V"))
+    assert any("0 / 100" in line for line in lines) and any("every request failed" in line for line in lines)
+    page = write_report(res, entry(), tmp_path / "report", str(tmp_path)).read_text()
+    assert "(1 with results; in 1 every request failed, so only the failed share is compared)" in page
+    assert "every request of the real run failed: simulated curves only" in page and "results withheld" not in page
+    assert "<td class='bad' title='100.0 percentage points apart'>0.0% / 100.0%</td>" in page
