@@ -235,7 +235,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     check_writable_file(args.json, "--json", args)
     entry = _get_entry(args.run_dir, args.id)
     resolver = _resolver(args)
-    from evolve.report import batch_bias_table, lodo_report, rows_table
+    from evolve.report import batch_bias_table, lodo_report, rows_table, short_keys
     from fitness.kv_sharing import run_seed
     from fitness.step_errors import score_entry
 
@@ -265,7 +265,9 @@ def cmd_score(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, result)
     console = make_console()
-    shown = [{k: v for k, v in r.items() if k not in ("by_batch_size", "kv_sharing")} for r in rows]
+    names = short_keys([r["experiment"] for r in rows])  # as every table names an experiment
+    shown = [{**r, "experiment": names[r["experiment"]]} for r in rows]
+    shown = [{k: v for k, v in r.items() if k not in ("by_batch_size", "kv_sharing")} for r in shown]
     console.print(rows_table(shown, title=f"Per-step error of {entry.id}"))
     if "overall_mape" in result:
         overall = fmt_cell("mape", result["overall_mape"])

@@ -87,17 +87,13 @@ def fmt_fraction(value: object) -> str:
 
 
 def fmt_number(value: object) -> str:
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, int):
+    if value is None or isinstance(value, int):  # bool is an int
         return str(value)
     try:
         v = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return str(value)
-    if not math.isfinite(v):
-        return str(v)
-    return f"{v:.6g}"
+    return f"{v:.6g}" if math.isfinite(v) else str(v)
 
 
 # A float literal in an expression's text (not a digit inside a name such as x1).
@@ -224,14 +220,17 @@ def mapping_table(mapping: dict, title: str | None = None, key_label: str = "nam
 
 def _mapping_value(value: Any) -> str:
     if isinstance(value, dict):  # experiments (kv_sharing) by their short names, other keys as they are
-        return "\n".join(f"{_short_key(str(k))}: {fmt_number(v)}" for k, v in value.items()) or "none"
+        names = short_keys([str(k) for k in value])
+        return "\n".join(f"{names[str(k)]}: {fmt_number(v)}" for k, v in value.items()) or "none"
     if isinstance(value, (list, tuple)):
         return ", ".join(str(v) for v in value) or "none"
     return fmt_number(value)
 
 
-def _short_key(key: str) -> str:
-    return short_experiment_name(key) if _DATE_PREFIX.match(key) else key
+def short_keys(keys: list[str]) -> dict[str, str]:
+    """Experiments (folder names with their date) by short name where none of KEYS shares it; others as they are."""
+    short = {k: short_experiment_name(k) if _DATE_PREFIX.match(k) else k for k in keys}
+    return {k: s if list(short.values()).count(s) == 1 else k for k, s in short.items()}
 
 
 _DATE_PREFIX = re.compile(r"^\d{8}-\d{6}-")  # an experiment folder's start time
@@ -338,17 +337,17 @@ def lodo_report(held_out: list[dict]) -> list:
 
 def batch_bias_table(rows: list[dict]):
     """``score``'s signed error by batch size: one row per experiment and quantile of the
-    requests per step (``fitness.step_errors.error_by_quantile``)."""
-
+    requests per step (``fitness.step_errors.error_by_quantile``); experiments by ``short_keys``."""
     table = titled_table("Signed step error by batch size (quantiles of the steps)")
+    names = short_keys([r["experiment"] for r in rows])
     table.add_column("experiment", overflow="fold")
     for c in ("requests", "steps", "bias", "MAPE"):
         table.add_column(c, justify="right")
     for r in rows:
         for i, b in enumerate(r.get("by_batch_size") or []):
             span = f"{b['from']:g}" if b["from"] == b["to"] else f"{b['from']:g}-{b['to']:g}"
-            bias = f"{b['bias'] * 100:+.1f}%"
-            table.add_row(r["experiment"] if i == 0 else "", span, str(b["n"]), bias, fmt_cell("mape", b["mape"]))
+            name = names[r["experiment"]] if i == 0 else ""
+            table.add_row(name, span, str(b["n"]), f"{b['bias'] * 100:+.1f}%", fmt_cell("mape", b["mape"]))
     return table
 
 

@@ -53,3 +53,20 @@ def test_score_reports_the_error_by_batch_size_of_a_real_run(archive, tmp_path, 
         assert all(a["to"] < b["from"] for a, b in itertools.pairwise(bins))  # ties never split
         # the bins' MAPE, weighted by their steps, is the experiment's
         assert sum(b["mape"] * b["n"] for b in bins) / row["n"] == pytest.approx(row["mape"])
+
+
+def test_score_tables_name_an_experiment_shortly_unless_two_would_share_the_name():
+    from rich.console import Console
+
+    from evolve.report import batch_bias_table, short_keys
+
+    ids = ["20260217-170634-llama-2-7b-tp1-reasoning", "20260218-135247-mixtral-8x7b-v0-1-tp2-reasoning"]
+    assert short_keys(ids) == dict(zip(ids, ["llama-2-7b tp1 reasoning", "mixtral-8x7b tp2 reasoning"], strict=True))
+    twins = ["20260101-000000-llama-2-7b-tp1-general", "20260102-000000-llama-2-7b-tp1-general", "tp"]
+    assert short_keys(twins) == {k: k for k in twins}  # two runs of one deployment: whole names
+    bins = [{"from": 1.0, "to": 33.0, "n": 116, "bias": -0.476, "mape": 0.4764}]
+    console = Console(width=80, record=True, force_terminal=False)
+    console.print(batch_bias_table([{"experiment": i, "by_batch_size": bins} for i in ids]))
+    lines = console.export_text().splitlines()
+    assert any("│ mixtral-8x7b tp2 reasoning │" in line for line in lines)  # one line, not folded
+    assert max(map(len, lines)) <= 80
