@@ -14,12 +14,16 @@ Here it is fitted on the same data the search fits on, the simplest honest way:
    queueing terms, a fixed part and one per prompt token);
 3. every experiment simulated in the same closed loop as the model under test, with its
    model's fitted baseline (``fitness.validate.closed_loop_runs``).
+
+A model whose every run with results failed every request has no latency to fit: it is
+listed as ``unfitted`` and its runs are left out of the baseline (and of its ranking).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import sympy as sp
 
 from evolve.calibration import refresh_replay_rows, scored_experiments
@@ -50,16 +54,20 @@ def blackbox_baseline(
     terms = [sp.Symbol(t) for t in BLACKBOX_TERMS]
     model_of = {s.name: resolver.resolve_experiment(s).model.name for s in specs}
     fitted: dict[str, dict] = {}
+    unfitted = []  # models whose every run failed every request: no latency to fit, no baseline
     for model in sorted(set(rows.models)):
-        got = refit(
-            terms, rows, lambda e, _label, model=model: rows.models[e] == model, fitted_non_step=BLACKBOX_QUEUEING
-        )
+        mine = [e for e, m in enumerate(rows.models) if m == model]
+        if not any(np.isfinite(rows.observed_us[e]).any() for e in mine):
+            unfitted.append(model)
+            continue
+        got = refit(terms, rows, lambda e, _label, mine=mine: e in mine, fitted_non_step=BLACKBOX_QUEUEING)
         if got is None:
             raise InputError(experiments_dir, "results", f"could not fit the blackbox baseline of {model}")
         fitted[model] = {"expression": got[0], "overheads": got[1]}
-    runs = [(s, fitted[model_of[s.name]]["expression"], fitted[model_of[s.name]]["overheads"]) for s in specs]
+    runs = [(s, fitted[m]["expression"], fitted[m]["overheads"]) for s in specs if (m := model_of[s.name]) in fitted]
     return {
         "method": METHOD,
         "models": fitted,
+        "unfitted": unfitted,
         "experiments": closed_loop_runs(runs, resolver, settings),
     }

@@ -20,11 +20,13 @@ from pathlib import Path
 
 from evolve.validation_view import (
     LABELS,
+    baseline_wrong,
     experiment_label,
     fmt_share,
     predicted_vs_observed_figure,
     scatter_note,
     stage_label,
+    unfitted_note,
 )
 from fitness.headroom import COLUMNS as HEADROOM_COLUMNS
 from fitness.headroom import KNOBS, factor_text
@@ -235,7 +237,7 @@ def _ranking_section(result: dict) -> str:
             _num(r["kendall_tau"], 1, 3),
         ]
         if has_base:
-            row += [str(r.get("baseline_inversions", "—")), _num(r.get("baseline_kendall_tau"), 1, 3)]
+            row += [baseline_wrong(r), _num(r.get("baseline_kendall_tau"), 1, 3)]
         rows.append(row)
         for who, key in (("model", "inverted_pairs"), ("baseline", "baseline_inverted_pairs")):
             pairs = "; ".join(" vs ".join(escape(experiment_label({"name": n})) for n in p) for p in r.get(key, []))
@@ -278,6 +280,7 @@ def _baseline_section(result: dict) -> str:
     return (
         f"<p>{escape(base['method'])}.</p>"
         + _table(["model", "fitted step time (µs)", "fitted overheads (µs)"], fits)
+        + (f"<p class='note'>{escape(unfitted_note(result))}.</p>" if unfitted_note(result) else "")
         + "<h3>Baseline errors (closed loop)</h3>"
         + _table(_error_header(), error_rows(base["experiments"], stages=False))
         + _table(summary_header(base.get("summary", {})), summary_rows(base.get("summary", {})))

@@ -175,11 +175,23 @@ def ranking_table(ranking: list[dict]):
             f"{LABELS.get(metric, metric)} {stat}",
             str(r["pairs"]),
             str(r["inversions"]),
-            str(r.get("baseline_inversions", "—")),
+            baseline_wrong(r),
             fmt_value(r.get("kendall_tau")),
             fmt_value(r.get("baseline_kendall_tau")),
         )
     return t
+
+
+def baseline_wrong(row: dict) -> str:
+    """The baseline's wrongly ordered pairs, and out of how many where it ranks fewer runs."""
+    wrong = str(row.get("baseline_inversions", "—"))
+    return wrong + (f" of {row['baseline_pairs']}" if row.get("baseline_pairs", row["pairs"]) != row["pairs"] else "")
+
+
+def unfitted_note(result: dict) -> str:
+    """A line on the models the baseline could not be fitted for ("" where there are none)."""
+    models = (result.get("baseline") or {}).get("unfitted") or []
+    return f"no baseline for {', '.join(models)}: every request of its runs failed" if models else ""
 
 
 ITL_P50_NOTE = "ITL p50 is the gap between a token's two events (tens of µs), not a step"
@@ -247,6 +259,8 @@ def print_validation(console, result: dict, title: str) -> None:
         console.print("—: nothing to compare (results withheld or absent, or every request failed)")
     if result.get("ranking"):
         console.print(ranking_table(result["ranking"]))
+    if unfitted_note(result):
+        console.print(unfitted_note(result), markup=False, highlight=False)
     console.print(summary_table(result.get("summary", {})))
     if result.get("headroom"):
         console.print(headroom_table(result["headroom"]))

@@ -285,16 +285,19 @@ def gpu_from_datasheet(sheet: dict, path: object = "<built-in>") -> GpuSpec:
 # Name resolution: trace names (``llama-2-70b``), HF ids and folder names.
 
 
-def canonical_model_key(name: str) -> str:
+def canonical_model_key(name: str, versioned: bool = True) -> str:
     """Reduce any spelling of a model name to a comparison key.
 
     ``meta-llama/Llama-2-70b-hf``, ``Llama-2-70b-hf``, ``llama-2-70b`` and
     ``llama-2-70b-hf`` all become ``llama270b``; ``mixtral-8x7b-v0-1`` and
-    ``Mixtral-8x7B-v0.1`` both become ``mixtral8x7bv01``.
+    ``Mixtral-8x7B-v0.1`` both become ``mixtral8x7bv01``, and ``mixtral8x7b`` without
+    VERSIONED (a trace may name the model without its version).
     """
     base = name.strip().rstrip("/").split("/")[-1].lower()
     base = re.sub(r"-(hf|instruct)(?=$|-)", "", base)
     base = re.sub(r"-(hf|instruct)(?=$|-)", "", base)
+    if not versioned:
+        base = re.sub(r"[-_.]v\d+(?:[-_.]\d+)*$", "", base)
     return re.sub(r"[^a-z0-9]", "", base)
 
 
@@ -336,6 +339,10 @@ class ModelCatalog:
 
     def model(self, name: str) -> ModelSpec:
         key = canonical_model_key(name)
+        if key not in self.configs and canonical_model_key(name, versioned=False) == key:
+            # a name without a version stands for the one model it can be (a trace's mixtral-8x7b)
+            same = [k for k, n in self.names.items() if canonical_model_key(n, versioned=False) == key]
+            key = same[0] if len(same) == 1 else key
         if key not in self.configs:
             known = ", ".join(sorted(self.names.values()))
             raise InputError(name, "model", f"no config for model {name!r}; known models: {known}")

@@ -107,6 +107,18 @@ def test_model_names_resolve_across_spellings():
     assert canonical_model_key("codellama-34b") == canonical_model_key("codellama/CodeLlama-34b-Instruct-hf")
 
 
+def test_a_model_named_without_its_version_is_the_one_model_it_can_be():
+    # a trace names its model as the experiment's folder does, maybe without the version
+    assert default_resolver().resolve("mixtral-8x7b", 2).model.name == "Mixtral-8x7B-v0.1"
+    with pytest.raises(InputError, match="no config for model 'mixtral-8x7b-v0.2'"):
+        default_resolver().resolve("mixtral-8x7b-v0.2", 2)  # another version is another model
+    catalog = ModelCatalog.builtin()
+    cfg, _ = catalog.configs[canonical_model_key("Mixtral-8x7B-v0.1")]
+    catalog.add("Mixtral-8x7B-v0.2", cfg, "<a second version>")
+    with pytest.raises(InputError, match="no config for model 'mixtral-8x7b'"):  # two it could be: neither
+        catalog.model("mixtral-8x7b")
+
+
 def test_model_configs_dir_reads_the_real_configs(shared_data):
     r = DeploymentResolver.from_options(shared_data / "model_configs", shared_data / "hardware" / "h100-sxm.json")
     for name, tp in [("llama-2-70b", 4), ("codellama-34b", 2), ("mixtral-8x7b-v0-1", 2), ("llama-2-7b", 1)]:

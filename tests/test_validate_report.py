@@ -20,7 +20,7 @@ from evolve.baseline import blackbox_baseline
 from evolve.front_view import RECOMMENDED_LEGEND, print_entries
 from evolve.html_report import write_report
 from evolve.validation import validate_entry
-from evolve.validation_view import print_validation
+from evolve.validation_view import baseline_wrong, print_validation
 from fitness.ranking import ranking, ranking_check
 from fitness.validate import ClosedLoopSettings
 from primitives.deployment import default_resolver
@@ -415,15 +415,24 @@ def test_a_run_whose_every_request_failed_is_scored_on_its_failed_share(tmp_path
     (d / "results" / "summary_lifecycle_metrics.json").write_text(
         json.dumps({"successes": none, "failures": {"count": 4, "request_latency": None}})
     )
-    res = validate_entry(entry(), tmp_path, None, default_resolver(), jobs=1)
-    (item,) = res["experiments"]
+    observe(write_experiment(tmp_path, "20260101-000000-llama-2-70b-hf-tp4-general", *LLAMA_70B, duration=4), LAW)
+    res = validate_entry(entry(), tmp_path, None, default_resolver(), jobs=1, baseline=True)
+    item = next(i for i in res["experiments"] if "reasoning" in i["name"])
     assert item["failure_fraction_obs"] == 1.0 and item["failure_fraction_pred"] == 0.0
     assert item["e2e_mean_obs_s"] is None and item["e2e_error"] is None and item["e2e_mean_pred_s"] > 0
-    assert res["summary"]["with_results"] == 1 and res["summary"]["all_failed"] == 1
+    assert res["summary"]["with_results"] == 2 and res["summary"]["all_failed"] == 1
     assert res["summary"]["failure_fraction_diff_pp_max"] == 100.0
+    # the baseline has no latency of Llama-2-7B to fit: it is fitted for the other model only
+    assert res["baseline"]["unfitted"] == ["Llama-2-7b-hf"] and list(res["baseline"]["models"]) == ["Llama-2-70b-hf"]
+    assert [i["name"] for i in res["baseline"]["experiments"]] == ["20260101-000000-llama-2-70b-hf-tp4-general"]
     lines = _lines(lambda c: print_validation(c, res, "V"))
     assert any("0 / 100" in line for line in lines) and any("every request failed" in line for line in lines)
+    assert "no baseline for Llama-2-7b-hf: every request of its runs failed" in lines
     page = write_report(res, entry(), tmp_path / "report", str(tmp_path)).read_text()
-    assert "(1 with results; in 1 every request failed, so only the failed share is compared)" in page
+    assert "(2 with results; in 1 every request failed, so only the failed share is compared)" in page
+    assert "no baseline for Llama-2-7b-hf: every request of its runs failed.</p>" in page
+    # where the baseline ranks fewer pairs than the model, its count says out of how many
+    assert baseline_wrong({"pairs": 5, "baseline_pairs": 3, "baseline_inversions": 1}) == "1 of 3"
+    assert baseline_wrong({"pairs": 5, "baseline_pairs": 5, "baseline_inversions": 1}) == "1"
     assert "every request of the real run failed: simulated curves only" in page and "results withheld" not in page
     assert "<td class='bad' title='100.0 percentage points apart'>0.0% / 100.0%</td>" in page
