@@ -116,7 +116,7 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
         nargs="+",
         action="extend",
         metavar="PATH",
-        help="step trace files or folders (default: embedded data)",
+        help="step trace files, or folders holding step_traces.parquet or one table (default: embedded data)",
     )
     p.add_argument(
         "--experiments", metavar="DIR", help="folder of experiment folders (any depth) for the replayed E2E objectives"
@@ -172,7 +172,12 @@ def build_parser(handlers: dict[str, Callable]) -> argparse.ArgumentParser:
 
     p = _entry_command(sub, "score", "per-step error of an entry on step traces", handlers["score"])
     p.add_argument(
-        "--data", nargs="+", action="extend", required=True, metavar="PATH", help="step trace files or folders"
+        "--data",
+        nargs="+",
+        action="extend",
+        required=True,
+        metavar="PATH",
+        help="step trace files, or folders holding step_traces.parquet or one table",
     )
     p.add_argument(
         "--experiments",

@@ -85,3 +85,14 @@ def test_a_parquet_column_of_booleans_is_no_tp(tmp_path):
     good_trace().assign(tp=True).to_parquet(tmp_path / "bad.parquet")
     with pytest.raises(InputError, match="tp: a column of true/false values"):
         load_trace(tmp_path / "bad.parquet")
+
+
+def test_a_folder_of_one_table_under_another_name_is_that_table(tmp_path):
+    (tmp_path / "one").mkdir()
+    _flat().to_parquet(tmp_path / "one" / "held_out_steps.parquet")
+    assert len(load_trace(tmp_path / "one").steps) == len(load_trace(tmp_path / "one" / "held_out_steps.parquet").steps)
+    (tmp_path / "two").mkdir()
+    _flat().to_parquet(tmp_path / "two" / "a.parquet")
+    _flat().to_csv(tmp_path / "two" / "b.csv", index=False)
+    with pytest.raises(InputError, match=r"or one table; found 2 tables \(a.parquet, b.csv\): name the file"):
+        load_trace(tmp_path / "two")

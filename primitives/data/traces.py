@@ -201,8 +201,16 @@ def _resolve_files(path: Path) -> tuple[Path, Path | None]:
     path = Path(path)
     if path.is_dir():
         steps = next((path / n for n in STEP_FILE_NAMES if (path / n).exists()), None)
-        if steps is None:
-            raise InputError(path, None, f"no step trace here; expected one of {', '.join(STEP_FILE_NAMES)}")
+        if steps is None:  # a folder of one table under another name (held_out_steps.parquet) is that table
+            tables = sorted(
+                f.name for f in path.iterdir() if f.suffix in (".parquet", ".csv") and f.name not in REQUEST_FILE_NAMES
+            )
+            if len(tables) != 1:
+                found = f"; found {len(tables)} tables ({', '.join(tables[:3])}): name the file" if tables else ""
+                raise InputError(
+                    path, None, f"no step trace here; expected one of {', '.join(STEP_FILE_NAMES)}, or one table{found}"
+                )
+            steps = path / tables[0]
         reqs = next((path / n for n in REQUEST_FILE_NAMES if (path / n).exists()), None)
         return steps, reqs
     if not path.exists():
