@@ -311,13 +311,9 @@ def _locate(path: str, bases: list[Path]) -> Path | None:
 
 def _trace_deployments(path: Path) -> list[RunDeployment]:
     """(experiment, model, tp, gpu) of a step trace, reading only those columns."""
-    from primitives.data.traces import STEP_FILE_NAMES
+    from primitives.data.traces import step_table_path
 
-    step_file = path
-    if path.is_dir():
-        step_file = next((path / n for n in STEP_FILE_NAMES if (path / n).is_file()), None)
-        if step_file is None:
-            raise InputError(path, None, f"no step trace here; expected one of {', '.join(STEP_FILE_NAMES)}")
+    step_file = step_table_path(path)  # the table the run read, as the run found it
     try:
         import pandas as pd
 

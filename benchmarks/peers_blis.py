@@ -131,10 +131,9 @@ def prepare_blis(source: Path, work: Path, entry, run_dir: Path, resolver) -> tu
 
 def model_folder(work: Path, spec, resolver) -> Path:
     """The project's config.json of the experiment's model, for every backend alike."""
-    from primitives.deployment import canonical_model_key
-
-    cfg, _ = resolver.catalog.configs[canonical_model_key(spec.model)]
-    folder = work / "models" / canonical_model_key(spec.model)
+    key = resolver.catalog.key_of(spec.model)
+    cfg, _ = resolver.catalog.configs[key]
+    folder = work / "models" / key
     folder.mkdir(parents=True, exist_ok=True)
     full = {"hidden_act": "silu", "max_position_embeddings": spec.max_model_len, **cfg}
     (folder / "config.json").write_text(json.dumps(full))

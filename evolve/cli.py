@@ -34,7 +34,7 @@ from evolve.cli_parser import PROG, build_parser
 from evolve.config import REFIT_ROUNDS
 from evolve.crash import OutputClosed, kill_workers, output_closed, say, sigterm_as_interrupt, silence_stdout
 from evolve.kernel_floor_view import print_floor_note, print_run_floor_note
-from evolve.report import entry_record, fill_whole, fmt_cell, make_console, print_coverage_note
+from evolve.report import entry_record, fill_whole, fmt_cell, make_console, print_coverage_note, short_keys
 from primitives.errors import InputError
 from primitives.files import writable_dir
 
@@ -235,7 +235,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     check_writable_file(args.json, "--json", args)
     entry = _get_entry(args.run_dir, args.id)
     resolver = _resolver(args)
-    from evolve.report import batch_bias_table, lodo_report, rows_table, short_keys
+    from evolve.report import batch_bias_table, lodo_report, rows_table
     from fitness.kv_sharing import run_seed
     from fitness.step_errors import score_entry
 
@@ -284,7 +284,8 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 def _kv_count_line(rows: list[dict], experiments: str | None, seed: int) -> str:
     """How score counted the traces' KV: the sharing factors it applied, or why none."""
-    factors = {r["experiment"]: r["kv_sharing"] for r in rows if r.get("kv_sharing") is not None}
+    names = short_keys([r["experiment"] for r in rows])  # as the tables above name them
+    factors = {names[r["experiment"]]: r["kv_sharing"] for r in rows if r.get("kv_sharing") is not None}
     if factors:
         listed = "".join(f"\n  {name}  x{f:.3f}" for name, f in factors.items())
         return f"KV per request, as the run counts it (sharing measured with seed {seed}):{listed}"

@@ -31,7 +31,7 @@ from evolve.validation_view import (
 from fitness.headroom import COLUMNS as HEADROOM_COLUMNS
 from fitness.headroom import KNOBS, factor_text
 from fitness.headroom import title as headroom_title
-from fitness.validate import ClosedLoopSettings
+from fitness.validate import ClosedLoopSettings, every_request_failed
 from primitives.distribution import PERCENTILES, stat_key
 from primitives.files import atomic_write_text
 
@@ -120,7 +120,7 @@ def _fail(item: dict) -> str:
     text = f"{fmt_share(pred)} / {fmt_share(obs)}"
     if pred is None or obs is None:
         return text
-    pp = 100.0 * abs(pred - obs)
+    pp = round(100.0 * abs(pred - obs), 1)  # as shown: 0.0% / 10.0% is within 10
     cls = "good" if pp <= 10 else ("fair" if pp <= 15 else "bad")
     return f"<td class='{cls}' title='{pp:.1f} percentage points apart'>{text}</td>"
 
@@ -357,21 +357,23 @@ def _draws_note(result: dict) -> str:
     )
 
 
-def _unscored(observed: bool) -> str:
-    return "every request of the real run failed" if observed else "results withheld"
+def _unscored(item: dict) -> str:
+    if every_request_failed(item):
+        return "every request of the real run failed"
+    return "results withheld" if item.get("failures_obs") is None else "the real run's results count no request"
 
 
 def render(result: dict, entry, experiments_dir: str = "", run_dir: Path | None = None, resolver=None) -> str:
     """The whole page (a string of HTML)."""
     items = result.get("experiments", [])
     scored = [i for i in items if i.get("e2e_mean_obs_s") is not None]
-    observed = [i for i in items if i.get("failures_obs") is not None]  # scored, and those where every request failed
-    all_failed = len(observed) - len(scored)
+    observed = [i for i in items if i.get("failures_obs") is not None]  # scored, and those without a latency
+    all_failed = sum(map(every_request_failed, items))
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     fig = predicted_vs_observed_figure(items, f"{entry.id}: predicted against observed", ("mean", "p90", "p99"))
     curves = "".join(
         f"<h3>{escape(experiment_label(it))}</h3>"
-        + ("" if it in scored else f"<p class='note'>{_unscored(it in observed)}: simulated curves only</p>")
+        + ("" if it in scored else f"<p class='note'>{_unscored(it)}: simulated curves only</p>")
         + _img(curves_figure(it), f"percentile curves of {it['name']}")
         for it in items
     )

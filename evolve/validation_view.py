@@ -183,7 +183,7 @@ def ranking_table(ranking: list[dict]):
 
 
 def baseline_wrong(row: dict) -> str:
-    """The baseline's wrongly ordered pairs, and out of how many where it ranks fewer runs."""
+    """The baseline's wrongly ordered pairs, and out of how many where that is not the model's count."""
     wrong = str(row.get("baseline_inversions", "—"))
     return wrong + (f" of {row['baseline_pairs']}" if row.get("baseline_pairs", row["pairs"]) != row["pairs"] else "")
 

@@ -224,14 +224,18 @@ def closed_loop_runs(
     return [outcome_item(run[0], run[1], got, seeds) for run, got in zip(runs, outcomes, strict=True)]
 
 
+def every_request_failed(item: dict) -> bool:
+    """Whether an item's real run has results in which every request failed (no latency)."""
+    return bool(item.get("failures_obs")) and item.get("e2e_mean_obs_s") is None
+
+
 def summarise(items: list[dict]) -> dict:
     """Mean and max absolute error of each metric (means, and the tails: ``e2e_p99_error_max``)
     over the items with results, and of the failure fraction's difference in percentage points.
     With several draws of the load, ``obs_in_range`` counts, per ``<metric>_<stat>``, the
     observations that lie inside the draws' range, out of those compared."""
-    observed = [i for i in items if i.get("failures_obs") is not None]
-    out: dict = {"experiments": len(items), "with_results": len(observed)}
-    served_none = sum(1 for i in observed if i.get("e2e_mean_obs_s") is None)
+    out: dict = {"experiments": len(items), "with_results": sum(i.get("failures_obs") is not None for i in items)}
+    served_none = sum(map(every_request_failed, items))
     if served_none:  # results, but no latency to compare: only the failure fraction is scored
         out["all_failed"] = served_none
     for m, (mean, worst, _) in error_stats({m: [i.get(f"{m}_error") for i in items] for m in REPLAY_METRICS}).items():

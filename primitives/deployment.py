@@ -337,15 +337,23 @@ class ModelCatalog:
         self.configs[key] = (cfg, source)
         self.names[key] = name.split("/")[-1]
 
-    def model(self, name: str) -> ModelSpec:
+    def key_of(self, name: str) -> str:
+        """NAME's key in ``configs``; a name without a version stands for the one model it can
+        be (a trace's ``mixtral-8x7b``), for none where it could be two."""
         key = canonical_model_key(name)
-        if key not in self.configs and canonical_model_key(name, versioned=False) == key:
-            # a name without a version stands for the one model it can be (a trace's mixtral-8x7b)
+        if key in self.configs:
+            return key
+        same = []
+        if canonical_model_key(name, versioned=False) == key:
             same = [k for k, n in self.names.items() if canonical_model_key(n, versioned=False) == key]
-            key = same[0] if len(same) == 1 else key
-        if key not in self.configs:
-            known = ", ".join(sorted(self.names.values()))
-            raise InputError(name, "model", f"no config for model {name!r}; known models: {known}")
+            if len(same) == 1:
+                return same[0]
+        known = ", ".join(sorted(self.names.values()))
+        which = f" it could be {' or '.join(sorted(self.names[k] for k in same))}: name the version;" if same else ""
+        raise InputError(name, "model", f"no config for model {name!r};{which} known models: {known}")
+
+    def model(self, name: str) -> ModelSpec:
+        key = self.key_of(name)
         cfg, source = self.configs[key]
         return model_from_config(cfg, self.names[key], source)
 

@@ -1,6 +1,7 @@
 """Primitives against hand-computed values for the four real model configs."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -115,7 +116,8 @@ def test_a_model_named_without_its_version_is_the_one_model_it_can_be():
     catalog = ModelCatalog.builtin()
     cfg, _ = catalog.configs[canonical_model_key("Mixtral-8x7B-v0.1")]
     catalog.add("Mixtral-8x7B-v0.2", cfg, "<a second version>")
-    with pytest.raises(InputError, match="no config for model 'mixtral-8x7b'"):  # two it could be: neither
+    two = "no config for model 'mixtral-8x7b'; it could be Mixtral-8x7B-v0.1 or Mixtral-8x7B-v0.2: name the version"
+    with pytest.raises(InputError, match=re.escape(two)):  # two it could be: neither, and it says so
         catalog.model("mixtral-8x7b")
 
 

@@ -88,9 +88,17 @@ def test_a_parquet_column_of_booleans_is_no_tp(tmp_path):
 
 
 def test_a_folder_of_one_table_under_another_name_is_that_table(tmp_path):
+    from archive.rundir import _trace_deployments
+
     (tmp_path / "one").mkdir()
     _flat().to_parquet(tmp_path / "one" / "held_out_steps.parquet")
-    assert len(load_trace(tmp_path / "one").steps) == len(load_trace(tmp_path / "one" / "held_out_steps.parquet").steps)
+    (tmp_path / "one" / "._held_out_steps.parquet").write_bytes(b"")  # a copier's shadow file is no table
+    (tmp_path / "one" / "step_requests.csv").write_text("not the detail of that table")  # by a standard name only
+    by_folder, by_file = load_trace(tmp_path / "one"), load_trace(tmp_path / "one" / "held_out_steps.parquet")
+    pd.testing.assert_frame_equal(by_folder.steps, by_file.steps)
+    assert by_folder.requests is None and by_file.requests is None
+    # the run's record of its deployments (export, the coverage note) finds the same table
+    assert [d.experiment for d in _trace_deployments(tmp_path / "one")] == sorted(by_folder.experiments)
     (tmp_path / "two").mkdir()
     _flat().to_parquet(tmp_path / "two" / "a.parquet")
     _flat().to_csv(tmp_path / "two" / "b.csv", index=False)

@@ -22,7 +22,7 @@ from evolve.html_report import write_report
 from evolve.validation import validate_entry
 from evolve.validation_view import baseline_wrong, print_validation
 from fitness.ranking import ranking, ranking_check
-from fitness.validate import ClosedLoopSettings
+from fitness.validate import ClosedLoopSettings, every_request_failed
 from primitives.deployment import default_resolver
 
 STATS = ("mean", "p50", "p90", "p99")
@@ -404,6 +404,9 @@ def test_the_failed_share_reads_as_the_terminal_gives_it():
 
     item = {"name": "20260218-x-tp2-reasoning", "failure_fraction_pred": 0.0635, "failure_fraction_obs": None}
     assert error_rows([item], stages=False)[0][-1] == "6.3% / —"  # one decimal, as fmt_share; no result: —
+    # coloured by the difference as shown: 0.0% / 10.0% is within the 10-point goal
+    near = {**item, "failure_fraction_pred": 0.0, "failure_fraction_obs": 0.1004}
+    assert error_rows([near], stages=False)[0][-1].startswith("<td class='good' title='10.0 percentage points")
 
 
 def test_a_run_whose_every_request_failed_is_scored_on_its_failed_share(tmp_path, monkeypatch):
@@ -431,6 +434,8 @@ def test_a_run_whose_every_request_failed_is_scored_on_its_failed_share(tmp_path
     page = write_report(res, entry(), tmp_path / "report", str(tmp_path)).read_text()
     assert "(2 with results; in 1 every request failed, so only the failed share is compared)" in page
     assert "no baseline for Llama-2-7b-hf: every request of its runs failed.</p>" in page
+    # results that count no request at all are not a run whose every request failed
+    assert not every_request_failed({"failures_obs": 0, "e2e_mean_obs_s": None}) and every_request_failed(item)
     # where the baseline ranks fewer pairs than the model, its count says out of how many
     assert baseline_wrong({"pairs": 5, "baseline_pairs": 3, "baseline_inversions": 1}) == "1 of 3"
     assert baseline_wrong({"pairs": 5, "baseline_pairs": 5, "baseline_inversions": 1}) == "1"

@@ -197,26 +197,37 @@ def _request_counts(column: pd.Series) -> np.ndarray:
     return np.where(ok, values, np.nan)
 
 
-def _resolve_files(path: Path) -> tuple[Path, Path | None]:
+def step_table_path(path: Path) -> Path:
+    """The step table PATH names: the file itself, or a folder's ``STEP_FILE_NAMES`` table,
+    or else the folder's one table under another name (``held_out_steps.parquet``)."""
     path = Path(path)
-    if path.is_dir():
-        steps = next((path / n for n in STEP_FILE_NAMES if (path / n).exists()), None)
-        if steps is None:  # a folder of one table under another name (held_out_steps.parquet) is that table
-            tables = sorted(
-                f.name for f in path.iterdir() if f.suffix in (".parquet", ".csv") and f.name not in REQUEST_FILE_NAMES
-            )
-            if len(tables) != 1:
-                found = f"; found {len(tables)} tables ({', '.join(tables[:3])}): name the file" if tables else ""
-                raise InputError(
-                    path, None, f"no step trace here; expected one of {', '.join(STEP_FILE_NAMES)}, or one table{found}"
-                )
-            steps = path / tables[0]
-        reqs = next((path / n for n in REQUEST_FILE_NAMES if (path / n).exists()), None)
-        return steps, reqs
+    if not path.is_dir():
+        return path
+    steps = next((path / n for n in STEP_FILE_NAMES if (path / n).exists()), None)
+    if steps is not None:
+        return steps
+    tables = sorted(
+        f.name
+        for f in path.iterdir()
+        if f.suffix in (".parquet", ".csv") and f.name not in REQUEST_FILE_NAMES and not f.name.startswith(".")
+    )
+    if len(tables) != 1:
+        found = f"; found {len(tables)} tables ({', '.join(tables[:3])}): name the file" if tables else ""
+        raise InputError(
+            path, None, f"no step trace here; expected one of {', '.join(STEP_FILE_NAMES)}, or one table{found}"
+        )
+    return path / tables[0]
+
+
+def _resolve_files(path: Path) -> tuple[Path, Path | None]:
+    """The step table and its per-request detail: the detail beside a table of a standard name
+    only (``DIR`` and ``DIR/held_out_steps.parquet`` read the same data)."""
+    path = Path(path)
     if not path.exists():
         raise InputError(path, None, "no such file or directory")
-    sibling = next((path.parent / n for n in REQUEST_FILE_NAMES if (path.parent / n).exists()), None)
-    return path, sibling if path.name in STEP_FILE_NAMES else None
+    steps = step_table_path(path)
+    sibling = next((steps.parent / n for n in REQUEST_FILE_NAMES if (steps.parent / n).exists()), None)
+    return steps, sibling if steps.name in STEP_FILE_NAMES else None
 
 
 def load_trace(path: Path | str) -> StepData:
