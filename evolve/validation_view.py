@@ -128,12 +128,17 @@ def means_table(result: dict, title: str):
     return t
 
 
+def _mean_text(value_s: float | None, scale: float) -> str:
+    """A mean in the column's unit; a time the column gives in ms but that took 10 s or more
+    (an overloaded run's TTFT) in seconds, with its unit: 100 s, not 100030."""
+    if scale != 1.0 and value_s is not None and value_s >= 10.0:
+        return f"{fmt_value(value_s)} s"
+    return fmt_value(value_s, scale)
+
+
 def _mean_cells(it: dict) -> list[str]:
     """An item's means and failed share, predicted / observed."""
-    cells = [
-        f"{fmt_value(it.get(f'{m}_mean_pred_s'), k)} / {fmt_value(it.get(f'{m}_mean_obs_s'), k)}"
-        for m, _, k in MEAN_UNITS
-    ]
+    cells = [" / ".join(_mean_text(it.get(f"{m}_mean{w}_s"), k) for w in ("_pred", "_obs")) for m, _, k in MEAN_UNITS]
     fail = [it.get("failure_fraction_pred"), it.get("failure_fraction_obs")]
     if fail == [None, None] and "failures_pred" in it:  # items from before failure fractions
         fail = [it.get("failures_pred"), it.get("failures_obs")]

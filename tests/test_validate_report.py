@@ -441,3 +441,9 @@ def test_a_run_whose_every_request_failed_is_scored_on_its_failed_share(tmp_path
     assert baseline_wrong({"pairs": 5, "baseline_pairs": 5, "baseline_inversions": 1}) == "1"
     assert "every request of the real run failed: simulated curves only" in page and "results withheld" not in page
     assert "<td class='bad' title='100.0 percentage points apart'>0.0% / 100.0%</td>" in page
+
+
+def test_an_overloaded_runs_ttft_reads_in_seconds_in_the_means_table():
+    item = {"name": "20260217-170634-llama-2-7b-tp1-reasoning", "ttft_mean_pred_s": 100.03, "ttft_mean_obs_s": 9.4}
+    lines = _lines(lambda c: print_validation(c, {"experiments": [item], "summary": {}}, "V"))
+    assert any("100 s / 9400" in line for line in lines)  # not 100030 in a column of milliseconds
