@@ -335,8 +335,11 @@ def predicted_vs_observed_figure(items: list[dict], title: str, stats: tuple[str
                     ax.errorbar(obs[sel], pred[sel], yerr=[below, above], fmt="none", ecolor=colours[model], lw=1)
             ax.set_xscale("log")
             ax.set_yscale("log")
-            for axis in (ax.xaxis, ax.yaxis):  # labels at 1, 2 and 5 of each decade: short ranges get some too
-                axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            # labels at 1, 2 and 5 of each decade, so short ranges get some too; at 1 only over
+            # more than three decades (an overloaded run beside the others), where they would overlap
+            subs = (1.0, 2.0, 5.0) if np.log10(hi / lo) <= 3 else (1.0,)
+            for axis in (ax.xaxis, ax.yaxis):
+                axis.set_major_locator(LogLocator(subs=subs))
                 axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
                 axis.set_minor_formatter(NullFormatter())
             ax.set_xlim(lo, hi)

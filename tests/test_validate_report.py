@@ -447,3 +447,22 @@ def test_an_overloaded_runs_ttft_reads_in_seconds_in_the_means_table():
     item = {"name": "20260217-170634-llama-2-7b-tp1-reasoning", "ttft_mean_pred_s": 100.03, "ttft_mean_obs_s": 9.4}
     lines = _lines(lambda c: print_validation(c, {"experiments": [item], "summary": {}}, "V"))
     assert any("100 s / 9400" in line for line in lines)  # not 100030 in a column of milliseconds
+
+
+def test_a_panel_over_many_decades_labels_its_decades_only():
+    """An overloaded run's TTFT (minutes) beside the others' (tens of ms): labels at 1, 2 and 5
+    of each of five decades overlapped; a panel of short range keeps them."""
+    from evolve.validation_view import predicted_vs_observed_figure
+
+    base = {"model": "m", "e2e_mean_obs_s": 2.0, "e2e_mean_pred_s": 2.1}
+    wide = [
+        {**base, "name": "a", "ttft_mean_obs_s": 0.03, "ttft_mean_pred_s": 0.03},
+        {**base, "name": "b", "ttft_mean_obs_s": 150.0, "ttft_mean_pred_s": 100.0},
+    ]
+    fig = predicted_vs_observed_figure(wide, "t")
+    e2e, ttft = fig.axes[0], fig.axes[1]
+    lo, hi = ttft.get_xlim()
+    shown = [t for t in ttft.xaxis.get_majorticklocs() if lo <= t <= hi]
+    assert shown and all(np.isclose(np.log10(t), round(np.log10(t))) for t in shown)  # 0.1, 1, 10, 100
+    lo, hi = e2e.get_xlim()
+    assert any(not np.isclose(np.log10(t), round(np.log10(t))) for t in e2e.xaxis.get_majorticklocs() if lo <= t <= hi)
