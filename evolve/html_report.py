@@ -280,7 +280,7 @@ def _baseline_section(result: dict) -> str:
     return (
         f"<p>{escape(base['method'])}.</p>"
         + _table(["model", "fitted step time (µs)", "fitted overheads (µs)"], fits)
-        + (f"<p class='note'>{escape(unfitted_note(result))}.</p>" if unfitted_note(result) else "")
+        + _note(unfitted_note(result))
         + "<h3>Baseline errors (closed loop)</h3>"
         + _table(_error_header(), error_rows(base["experiments"], stages=False))
         + _table(summary_header(base.get("summary", {})), summary_rows(base.get("summary", {})))
@@ -339,6 +339,11 @@ def _floor_section(entry, run_dir: Path | None = None, resolver=None) -> str:
     )
 
 
+def _note(text: str) -> str:
+    """TEXT as a note paragraph of its own ("" stays "")."""
+    return f"<p class='note'>{escape(text)}.</p>" if text else ""
+
+
 def _sentence(text: str) -> str:
     """TEXT as a sentence of the header ("" stays "")."""
     return f" {escape(text[:1].upper() + text[1:])}." if text else ""
@@ -367,8 +372,8 @@ def render(result: dict, entry, experiments_dir: str = "", run_dir: Path | None 
     """The whole page (a string of HTML)."""
     items = result.get("experiments", [])
     scored = [i for i in items if i.get("e2e_mean_obs_s") is not None]
-    observed = [i for i in items if i.get("failures_obs") is not None]  # scored, and those without a latency
-    all_failed = sum(map(every_request_failed, items))
+    summary = result.get("summary", {})
+    with_results, all_failed = summary.get("with_results", len(scored)), summary.get("all_failed", 0)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     fig = predicted_vs_observed_figure(items, f"{entry.id}: predicted against observed", ("mean", "p90", "p99"))
     curves = "".join(
@@ -379,7 +384,7 @@ def render(result: dict, entry, experiments_dir: str = "", run_dir: Path | None 
     )
     sections = [
         f"<h1>Validation of {escape(entry.id)}</h1>",
-        f"<p class='note'>closed loop over {len(items)} experiments ({len(observed)} with results"
+        f"<p class='note'>closed loop over {len(items)} experiments ({with_results} with results"
         + (f"; in {all_failed} every request failed, so only the failed share is compared" if all_failed else "")
         + ") under "
         f"<code>{escape(experiments_dir)}</code>; written {when}. Errors are predicted / observed − 1, "
@@ -388,7 +393,7 @@ def render(result: dict, entry, experiments_dir: str = "", run_dir: Path | None 
         + _sentence(scatter_note(result))
         + "</p>",
         "<h2>Summary</h2>",
-        _table(summary_header(result.get("summary", {})), summary_rows(result.get("summary", {}))),
+        _table(summary_header(summary), summary_rows(summary)),
         "<h2>Errors per experiment and load stage</h2>",
         "<p class='note'>green within 10%, yellow within 15%, red beyond (the failed share: within 10 and 15"
         " percentage points); hover a cell for the values. "

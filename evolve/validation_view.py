@@ -264,8 +264,8 @@ def print_validation(console, result: dict, title: str) -> None:
         console.print("—: nothing to compare (results withheld or absent, or every request failed)")
     if result.get("ranking"):
         console.print(ranking_table(result["ranking"]))
-    if unfitted_note(result):
-        console.print(unfitted_note(result), markup=False, highlight=False)
+    if unfitted := unfitted_note(result):
+        console.print(unfitted, markup=False, highlight=False)
     console.print(summary_table(result.get("summary", {})))
     if result.get("headroom"):
         console.print(headroom_table(result["headroom"]))
