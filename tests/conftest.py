@@ -41,8 +41,10 @@ def shared_data_dir() -> Path:
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     d = shared_data_dir()
-    if not (d / "steps" / "step_traces.parquet").exists():
-        pytest.skip(f"shared real data not found at {d} (set STEPSYNTH_SHARED to the shared/ folder)")
+    needed = ["steps/step_traces.parquet", "experiments", "model_configs", "hardware", "kernels"]  # what tests read
+    missing = [part for part in needed if not (d / part).exists()]
+    if missing:
+        pytest.skip(f"shared real data not found at {d}: no {', '.join(missing)} (set STEPSYNTH_SHARED to shared/)")
     return d
 
 

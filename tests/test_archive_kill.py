@@ -79,11 +79,7 @@ def test_sigkill_during_writes_never_corrupts(tmp_path: Path):
     path = tmp_path / "archive.sqlite"
     rng = random.Random(20240506)  # fixed: the same kill schedule every run
     last = -1
-    deadline = time.monotonic() + 12.0
-    kills = 0
-    for attempt in range(10):
-        if time.monotonic() > deadline:
-            break
+    for attempt in range(10):  # a fixed number of kills, however fast the machine (pytest-timeout guards a hang)
         proc = subprocess.Popen(
             [sys.executable, "-c", WRITER, str(path), str(PER_GENERATION)],
             cwd=REPO,
@@ -101,11 +97,9 @@ def test_sigkill_during_writes_never_corrupts(tmp_path: Path):
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-        kills += 1
         now = check_consistent(path)
         assert now >= last  # committed generations never disappear
         last = now
-    assert kills >= 5
     if last < 1:  # a slow (loaded) machine: let one writer commit, then kill it mid-stream
         proc = subprocess.Popen(
             [sys.executable, "-c", WRITER, str(path), str(PER_GENERATION)],

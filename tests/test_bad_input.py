@@ -138,17 +138,10 @@ def test_per_request_detail_missing_column(work, capsys):
     assert_one_line_error(rc, err, "step_requests.csv", "progress", "missing column")
 
 
-def test_unknown_model_in_a_trace_names_the_trace_file(work, capsys):
+def test_unknown_model_in_a_trace_is_one_line_naming_the_trace_file(work, capsys):
     good_trace().assign(model="gpt-17").to_csv(work / "bad.csv", index=False)
     rc, _, err = call(run_args("bad.csv"), capsys)
-    assert_one_line_error(rc, err, "gpt-17", "model")  # passes today ...
-    assert_one_line_error(rc, err, "bad.csv")  # ... but the trace file is not named
-
-
-def test_unknown_model_in_a_trace_is_one_line(work, capsys):
-    good_trace().assign(model="gpt-17").to_csv(work / "bad.csv", index=False)
-    rc, _, err = call(run_args("bad.csv"), capsys)
-    assert_one_line_error(rc, err, "gpt-17", "model", "known models")
+    assert_one_line_error(rc, err, "bad.csv", "gpt-17", "model", "known models")
 
 
 def test_score_reads_traces_through_the_same_checks(archive, work, capsys):

@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 from dataclasses import replace
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -319,7 +320,7 @@ def test_export_go_checks_its_target_before_it_prints_anything(project: Path, ca
 
 def test_version(capsys):
     assert main(["--version"]) == 0
-    assert capsys.readouterr().out.startswith("python -m evolve ")
+    assert capsys.readouterr().out.strip() == f"python -m evolve {metadata.version('stepsynth')}"
 
 
 def test_unknown_id_is_one_line(project: Path, capsys):

@@ -78,17 +78,31 @@ def test_infix_round_trip_keeps_full_precision():
 
 
 @pytest.mark.parametrize(
-    "text",
+    "text,values,expected",
     [
-        "11.837 + 4*allreduce_time_us + 1601.92*tp",
-        "pdiv(a, b)*Max(1, c) - sqrt(Abs(x))**2 + log(1 + y)/1e-3",
-        "max(20*num_decode_reqs, 0.01*kv_tokens) + min(a, abs(b))",  # sympy's parser reads these as Max, Min, Abs
-        "Piecewise((x, batch_size > 64), (x**2/1000, (tp > 1) & (prefill_tokens < 100)), (y/3, True))",
+        ("11.837 + 4*allreduce_time_us + 1601.92*tp", {"allreduce_time_us": [10.0], "tp": [2.0]}, [3255.677]),
+        (
+            "pdiv(a, b)*Max(1, c) - sqrt(Abs(x))**2 + log(1 + y)/1e-3",
+            {"a": [6.0, 6.0], "b": [3.0, 0.0], "c": [4.0, 4.0], "x": [-9.0, 4.0], "y": [0.0, 0.0]},
+            [-1.0, -4.0],  # pdiv by zero is 0
+        ),
+        (  # sympy's parser reads these as Max, Min, Abs
+            "max(20*num_decode_reqs, 0.01*kv_tokens) + min(a, abs(b))",
+            {"num_decode_reqs": [3.0, 10.0], "kv_tokens": [1e4, 1e4], "a": [5.0, 1.0], "b": [-2.0, -2.0]},
+            [102.0, 201.0],
+        ),
+        (
+            "Piecewise((x, batch_size > 64), (x**2/1000, (tp > 1) & (prefill_tokens < 100)), (y/3, True))",
+            {"x": [7.0, 100.0, 100.0], "y": [9.0] * 3, "batch_size": [100.0, 10.0, 10.0], "tp": [1.0, 2.0, 1.0]}
+            | {"prefill_tokens": [50.0] * 3},
+            [7.0, 10.0, 3.0],
+        ),
     ],
 )
-def test_archived_arithmetic_parses(text):
+def test_archived_arithmetic_parses_to_what_it_says(text, values, expected):
     check_infix(text)
-    parse_infix(text)
+    got = evaluate_expr(parse_infix(text), {k: np.asarray(v) for k, v in values.items()})
+    assert np.allclose(got, expected, rtol=1e-12), got
 
 
 @pytest.mark.parametrize(

@@ -172,8 +172,10 @@ def test_align_rows():
 # --- registry code generation ------------------------------------------------------
 def test_every_primitive_and_feature_prints(llama70):
     for p in PRIMITIVES:
-        src = step_function_source("f_" + p.name, symbol(p.name))
-        assert "func f_" in src.text
+        src = step_function_source("f_" + p.name, symbol(p.name)).text
+        go = PRIMITIVE_GO_NAMES[p.name]  # computed once, from the registry's own definition, and returned
+        assert f"func f_{p.name}(batch []*Request) float64 {{" in src, src
+        assert f"\t{go} := " in src and src.rstrip().endswith(f"\treturn {go}\n}}"), src
     feats = features_source([f.name for f in FEATURES])
     assert "func reduceBatch(batch []*Request) batchFeatures" in feats.text
     assert "progress < inputLen" in feats.text  # the registry's phase relational

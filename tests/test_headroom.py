@@ -134,10 +134,12 @@ def test_cli_headroom(experiments, tmp_path, monkeypatch, capsys):
     assert "Headroom" in capsys.readouterr().out
 
 
-def test_an_experiment_without_requests_has_no_headroom(experiments):
+def test_an_experiment_without_requests_has_no_headroom(tmp_path):
     """No request, no failed share: nothing to bisect, and the reports say so ('—'), not a margin."""
-    spec = find_experiments(experiments)[:1]
-    res = headroom(spec, default_resolver(), EXPR, OVERHEADS, ClosedLoopSettings(jobs=1), failed_now=[None])
+    name = "x-empty-llama-2-7b-tp1-general"  # 0.1 req/s for 5 s: int(0.5) = 0 requests are sent
+    write_experiment(tmp_path, name, *LLAMA_7B, rate=0.1, duration=5, timeout=10.0, max_num_seqs=128)
+    spec = find_experiments(tmp_path)
+    res = headroom(spec, default_resolver(), EXPR, OVERHEADS, ClosedLoopSettings(jobs=1))
     (item,) = res["experiments"]
     assert item["failure_fraction_pred"] is None
     for knob in ("step_time", "load"):

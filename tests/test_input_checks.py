@@ -2,6 +2,7 @@
 nothing written. The generated (hypothesis) cases are in ``test_input_properties.py``."""
 
 import json
+import sqlite3
 
 import numpy as np
 import pandas as pd
@@ -106,13 +107,27 @@ def _requests(steps: pd.DataFrame) -> pd.DataFrame:
     ).assign(output_len=50)
 
 
-def test_consistent_per_request_detail_is_accepted(work, capsys):
+def _run_primitives(run_dir) -> list[str]:
+    """The primitives a finished run searched over, from its summary in the archive."""
+    con = sqlite3.connect(run_dir / "archive.sqlite")
+    try:
+        return json.loads(con.execute("SELECT summary_json FROM runs").fetchone()[0])["primitives"]
+    finally:
+        con.close()
+
+
+def test_consistent_per_request_detail_is_accepted_and_used(work, capsys):
     d = work / "trace"
     d.mkdir()
     good_trace().to_csv(d / "step_traces.csv", index=False)
+    rc, _, err = call([*run_args("trace")[:-1], "runs/without"], capsys)
+    assert rc == 0, err
     _requests(good_trace()).to_csv(d / "step_requests.csv", index=False)
     rc, _, err = call(run_args("trace"), capsys)
     assert rc == 0, err
+    per_request = {"attention_work", "max_kv_tokens"}  # need each request's KV length
+    assert per_request <= set(_run_primitives(work / "runs" / "x"))
+    assert not per_request & set(_run_primitives(work / "runs" / "without"))
 
 
 @pytest.mark.parametrize(

@@ -117,7 +117,8 @@ def test_a_catalog_model_whose_heads_a_tp_does_not_divide_is_skipped_at_that_tp(
 
 
 def test_the_view_never_stops_a_command(tmp_path, monkeypatch, capsys):
-    """A damaged run record, an expression sympy cannot price: no note, no crash."""
+    """An expression sympy cannot price: no note. A damaged run record: the note from the
+    kernels themselves. Neither stops the command."""
     monkeypatch.chdir(tmp_path)
     _project(tmp_path, "1/0 + gemm_time_us")
     assert main(["archive", "best"]) == 0 and "warning" not in capsys.readouterr().out

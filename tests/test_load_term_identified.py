@@ -6,6 +6,8 @@ stage-transfer check's low-rate stages) could trade the slope against them, and 
 is what extrapolates to higher loads (``fitness.replay_rows.load_slope_identified``).
 """
 
+import math
+
 import numpy as np
 import pytest
 
@@ -150,6 +152,12 @@ def test_step_rows_and_replayed_rows_with_transfer_groups_fit_together():
     rows.columns = [{"weight_time_us": c["x"]} for c in rows.columns]
     table = planted_table(noise=0.0)
     assert table.n != sum(len(o) for o in rows.observed_us)
-    score = fit_terms([lambda cols, n: cols["weight_time_us"]], FitnessContext(table, rows))
+    term = [lambda cols, n: cols["weight_time_us"]]
+    score = fit_terms(term, FitnessContext(table, rows))
     assert score.ok
     assert {"step_mape", "replay_error", "transfer_error_linear"} <= set(score.objectives)
+    assert all(math.isfinite(v) for v in score.objectives.values()), score.objectives
+    assert score.transfer_error == score.objectives["transfer_error_linear"] > 0
+    steps_only = fit_terms(term, FitnessContext(table))
+    assert "replay_error" not in steps_only.objectives
+    assert score.coefficients[0] != pytest.approx(steps_only.coefficients[0], rel=1e-3)  # the replayed rows weigh in

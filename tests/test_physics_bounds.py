@@ -254,7 +254,7 @@ def test_a_step_is_never_faster_than_half_its_measured_kernels():
 
 
 def test_shared_prefixes_count_once_in_blocks_and_per_request_in_kv_tokens():
-    # 3 prompts per group shared by every user of it: many running requests hold the same prefix
+    # 2 prompts in one group, shared by every user of it: many running requests hold the same prefix
     spec = spec_(stages=((20.0, 4.0),), num_groups=1, num_prompts_per_group=2, system_prompt_len=160, max_num_seqs=8)
     res = simulate(spec, DEP, ConstModel(step_us=20_000), seed=3, kv_capacity_blocks=10_000)
     traj = res.trajectory
@@ -262,6 +262,24 @@ def test_shared_prefixes_count_once_in_blocks_and_per_request_in_kv_tokens():
     busy = kv > 0
     assert (traj.step_kv_block_tokens[busy] < kv[busy]).any()  # sharing: fewer distinct tokens
     assert kv_sharing_factor(traj) > 1.2
+
+
+# the expressions below as programs, where the planted steps hold their columns (they have no per-request detail)
+AS_PROGRAMS = {
+    "kv_io_time_us - num_prefill_reqs": (OP("sub"), V("kv_io_time_us"), V("num_prefill_reqs")),
+    "gemm_time_us*tp": (OP("mul"), V("gemm_time_us"), V("tp")),
+    "pdiv(num_prefill_reqs, kv_io_time_us)": (OP("pdiv"), V("num_prefill_reqs"), V("kv_io_time_us")),
+    "kv_tokens": (V("kv_tokens"),),
+    "batch_size + kv_tokens": (OP("add"), V("batch_size"), V("kv_tokens")),
+}
+
+
+def _scores_worst_beside_a_priced_twin(text: str) -> bool:
+    """Weight time plus TEXT scores worst on the planted steps, where weight time plus KV time scores."""
+    table = planted_table(noise=0.0)
+    twin = (OP("add"), V("weight_time_us"), V("kv_io_time_us"))
+    assert score_program(twin, FitnessContext(table)).ok
+    return not score_program((OP("add"), V("weight_time_us"), *AS_PROGRAMS[text]), FitnessContext(table)).ok
 
 
 @pytest.mark.parametrize(
@@ -276,9 +294,7 @@ def test_a_time_mixed_with_counts_scores_worst(text):
     if "-" not in text:  # an archived expression is expanded: a difference shows as two terms
         rows = term_efficiencies(f"100 + 1.2*weight_time_us + 0.4*{text}")
         assert sorted(r["kind"] for r in rows) == ["efficiency", "mixed time"]
-    table = planted_table(noise=0.0)
-    prog = (OP("add"), V("weight_time_us"), OP("mul"), V("gemm_time_us"), V("tp"))
-    assert not score_program(prog, FitnessContext(table)).ok
+    assert _scores_worst_beside_a_priced_twin(text)
 
 
 @pytest.mark.parametrize(
@@ -290,9 +306,8 @@ def test_kv_and_attention_counts_are_unpriced_work_and_score_worst(text):
     from fitness.scoring import term_kind
 
     assert term_kind(parse_infix(text)) == "unpriced work"
-    table = planted_table(noise=0.0)
-    prog = (OP("add"), V("weight_time_us"), V("kv_tokens"))
-    assert not score_program(prog, FitnessContext(table)).ok
+    if text in AS_PROGRAMS:  # attention_work and max_kv_tokens need per-request detail, which the planted steps lack
+        assert _scores_worst_beside_a_priced_twin(text)
 
 
 @pytest.mark.parametrize("text", ["batch_size", "n_layers*num_decode_reqs", "allreduce_calls", "prefill_tokens"])

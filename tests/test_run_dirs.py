@@ -164,6 +164,8 @@ def test_a_checkpoint_interval_the_command_line_takes_resumes(work, capsys):
     assert call(["run", *TINY, "--run-dir", "runs/c", "--checkpoint-every", "2000000"], capsys)[0] == 0
     rc, _, err = call(["run", "--generations", "2", "--resume", "runs/c"], capsys)
     assert rc == 0, err
+    assert json.loads((work / "runs" / "c" / "run.json").read_text())["checkpoint_every"] == 2_000_000
+    assert Search.peek_checkpoint(work / "runs" / "c" / "checkpoint.pkl").generation == 2  # the end saves anyway
 
 
 def test_a_renamed_run_directory_resumes_its_own_run(done, work, capsys):
@@ -272,7 +274,9 @@ def test_a_kill_during_run_json_replacement_leaves_old_or_new(tmp_path):
             assert json.loads(path.read_text())["pad"] == "x" * 200000
 
 
-def test_sigterm_checkpoints_and_stops_within_seconds(work):
+def test_sigterm_checkpoints_and_stops_in_the_generation_it_meets(work):
+    """SIGTERM stops the run where it is: at most the generation under way is archived after it,
+    with a checkpoint, and no worker is left behind. (The wait's limit only guards against a hang.)"""
     proc = spawn_evolve(
         work, "run", "--generations", "500", "--population", "40", "--data", "good.csv", "--run-dir", "runs/t",
         "--jobs", "2", "--checkpoint-every", "1",
@@ -284,22 +288,23 @@ def test_sigterm_checkpoints_and_stops_within_seconds(work):
             time.sleep(0.1)
         time.sleep(1.0)
         workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
-        t0 = time.monotonic()
+        archived_before = generations_of(work / "runs" / "t")
         proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=30)
+        rc = proc.wait(timeout=60)
     finally:  # a failed check leaves no run behind on the cores
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert time.monotonic() - t0 < 15
+    assert generations_of(work / "runs" / "t") <= archived_before + 1  # not the 500 asked for
     err = proc.stderr.read()
     assert rc == 130 and len(err.strip().splitlines()) == 1 and "--resume" in err, err
     assert status_of(work / "runs" / "t") == ["interrupted"]
     assert Search.peek_checkpoint(work / "runs" / "t" / "checkpoint.pkl").generation >= 1
-    gone_by = time.monotonic() + 5  # the workers are killed; loky's resource tracker exits on its own
+    assert workers and Path(f"/proc/{workers[0]}").parent.is_dir(), "no worker seen, or no /proc to look in"
+    gone_by = time.monotonic() + 30  # the workers are killed; loky's resource tracker exits on its own
     while (alive := [w for w in workers if _running(w)]) and time.monotonic() < gone_by:
         time.sleep(0.2)
-    assert not alive, f"child processes still running 5 s after the run ended: {alive}"
+    assert not alive, f"child processes still running 30 s after the run ended: {alive}"
 
 
 def _running(pid: str) -> bool:

@@ -146,7 +146,7 @@ def test_anchored_kernel_model_is_compiled_and_equal():
     model = AnchoredModel(expr_model(KERNEL_EXPR, dep), 1.37)
     assert step_program_of(model) is not None
     py, compiled = both(spec, dep, model, seed=2, kv_capacity_blocks=400, distributions=True)
-    assert differences(py, compiled) == [] and py.total_preemptions >= 0
+    assert differences(py, compiled) == []
 
 
 def test_step_program_gives_the_models_bits_on_random_batches():

@@ -337,7 +337,7 @@ def test_enqueued_mid_step_waits_for_the_next():
     assert tr.enq_step[0] == -1 and tr.wait_from_step[0] == 0
 
 
-def test_physics_model_runs_a_real_shape_quickly():
+def test_physics_model_runs_a_real_shape_at_the_real_per_token_time():
     spec = spec_(
         stages=((8.0, 20.0),),
         num_groups=10,

@@ -138,7 +138,7 @@ def test_stalls_lengthen_the_ttft_tail_more_than_its_median():
     assert got.itl_mean_s == pytest.approx(plain.itl_mean_s, rel=0.03)
 
 
-def test_a_run_measures_its_steps_scatter_once_and_records_it():
+def test_a_run_measures_its_steps_scatter_and_records_it():
     from evolve.config import RunConfig
     from evolve.run import prepare_context
     from primitives.deployment import default_resolver
