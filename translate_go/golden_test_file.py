@@ -40,7 +40,8 @@ func goldenModel(testing.TB) *Model { return NewModel() }
 
 
 def _queueing_us(overheads: dict[str, float], running: int) -> int:
-    """QueueingTime Python expects for the test's prompt with RUNNING requests in the last step."""
+    """QueueingTime Python expects for the test's prompt with RUNNING requests in the last step,
+    before the Go model adds that step's time (the output delay: ``model.go.tmpl``)."""
     queue_us = queueing_time_us(
         overheads["queueing_base_us"],
         overheads["queueing_per_input_token_us"],

@@ -151,7 +151,9 @@ def step_program(expr: sp.Expr, deployment: Deployment, method_of: str = ""):
 
 def queueing_go() -> str:
     """QueueingTime's µs in Go: a fixed part, a part per prompt token and one per request of
-    the step running at arrival (``fitness.sim.latency_model``)."""
+    the step running at arrival (``fitness.sim.latency_model``). The templates add that
+    step's time to its rounded value: the output delay of asynchronous scheduling, which
+    the simulator's event loop models (``fitness.sim.engine``) and BLIS does not."""
     names = non_step_go_names()
     return format_go_expr(
         f"{names['queueing_base_us']} + {names['queueing_per_input_token_us']}*float64(len(req.InputTokens))"
