@@ -266,8 +266,8 @@ def cmd_score(args: argparse.Namespace) -> int:
         write_json(args.json, result)
     console = make_console()
     names = short_keys([r["experiment"] for r in rows])  # as every table names an experiment
-    shown = [{**r, "experiment": names[r["experiment"]]} for r in rows]
-    shown = [{k: v for k, v in r.items() if k not in ("by_batch_size", "kv_sharing")} for r in shown]
+    hidden = ("by_batch_size", "kv_sharing")  # tables of their own below
+    shown = [{**{k: v for k, v in r.items() if k not in hidden}, "experiment": names[r["experiment"]]} for r in rows]
     console.print(rows_table(shown, title=f"Per-step error of {entry.id}"))
     if "overall_mape" in result:
         overall = fmt_cell("mape", result["overall_mape"])

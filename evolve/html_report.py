@@ -85,6 +85,11 @@ def _num(v, scale: float = 1.0, digits: int = 4) -> str:
     return "—" if v is None else f"{v * scale:.{digits}g}"
 
 
+def _grade(miss: float, good: float, fair: float) -> str:
+    """The cell's colour class: within GOOD green, within FAIR yellow, red beyond."""
+    return "good" if miss <= good else ("fair" if miss <= fair else "bad")
+
+
 def _error_cell(item: dict, metric: str, stat: str) -> str:
     err = item.get(f"{metric}_{stat}_error")
     if err is None:
@@ -92,7 +97,7 @@ def _error_cell(item: dict, metric: str, stat: str) -> str:
     if (metric, stat) in UNJUDGED:
         cls = "info"
     else:
-        cls = "good" if abs(err) <= 0.10 else ("fair" if abs(err) <= 0.15 else "bad")
+        cls = _grade(abs(err), 0.10, 0.15)
     pred, obs = item.get(f"{metric}_{stat}_pred_s"), item.get(f"{metric}_{stat}_obs_s")
     tip = f"predicted {_num(pred)} s, observed {_num(obs)} s"
     low, high = item.get(f"{metric}_{stat}_pred_min_s"), item.get(f"{metric}_{stat}_pred_max_s")
@@ -121,8 +126,7 @@ def _fail(item: dict) -> str:
     if pred is None or obs is None:
         return text
     pp = round(100.0 * abs(pred - obs), 1)  # as shown: 0.0% / 10.0% is within 10
-    cls = "good" if pp <= 10 else ("fair" if pp <= 15 else "bad")
-    return f"<td class='{cls}' title='{pp:.1f} percentage points apart'>{text}</td>"
+    return f"<td class='{_grade(pp, 10, 15)}' title='{pp:.1f} percentage points apart'>{text}</td>"
 
 
 def error_rows(items: list[dict], stages: bool) -> list[list[str]]:

@@ -22,7 +22,7 @@ from translate_go.golden import python_step_time_us, random_batches
 from translate_go.golden_test_file import golden_test_source
 from translate_go.gosource import join_sections, render_template
 from translate_go.kernels import blis_kernels_source
-from translate_go.model_file import header_source, queueing_go, step_program
+from translate_go.model_file import client_methods_source, header_source, step_program
 from translate_go.non_step import non_step_go_names, overheads_source
 from translate_go.printer import go_camel, go_float_literal
 
@@ -59,7 +59,7 @@ def blis_model_source(
             "\tk, err := newKernelTables(hw)\n\tif err != nil {\n\t\treturn nil, err\n\t}\n" if kernels else ""
         ),
         kernel_arg=", k: k" if kernels else "",
-        queueing_expr=queueing_go(),
+        client_methods=client_methods_source("sim.Request"),
         **names,
     )
     std = ["fmt", "math"] + (["strings"] if kernels else [])

@@ -137,10 +137,18 @@ def model_source(interface: str) -> str:
         step_doc=step_doc,
         step_expr=step_expr,
         empty_expr=names["scheduling_processing_us"] if interface == "blis" else "0",
-        queueing_expr=queueing_go(),
+        client_methods=client_methods_source("Request"),
         **names,
     )
     return common + "\n" + render_template(f"model_{interface}_methods.go.tmpl", **names)
+
+
+def client_methods_source(request_type: str) -> str:
+    """QueueingTime and OutputTokenProcessingTime of Model over REQUEST_TYPE: the same two
+    methods in the stand-alone file and in BLIS's backend."""
+    return render_template(
+        "model_client_methods.go.tmpl", request_type=request_type, queueing_expr=queueing_go(), **non_step_go_names()
+    )
 
 
 def step_program(expr: sp.Expr, deployment: Deployment, method_of: str = ""):
@@ -188,6 +196,7 @@ def model_file_source(
 
 __all__ = [
     "GENERATED_MARK",
+    "client_methods_source",
     "INTERFACES",
     "INTERFACE_METHODS",
     "header_source",
