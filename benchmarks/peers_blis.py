@@ -14,12 +14,17 @@ and ``exp-config.yaml`` gives ``--tp``, ``--max-model-len``, ``--max-num-batched
   (``translate_go.blis_export``; nothing in the checkout given is written),
 
 every backend reading the same model config (the project's, written to a temporary
-folder) and BLIS's H100 datasheet. BLIS's per-request output (``--metrics-path``) is
-turned into what the load generator measures: requests over the 300 s client timeout
-are failures, and each token arrives as two streamed events, so the pooled ITL is
-``sum(span) / sum(2N - 1)`` per request, not BLIS's per-token interval. The
-project's own closed-loop simulation of the same entry (``fitness.validate``) is the
-fourth column. Errors are predicted mean over observed mean, minus 1.
+folder) and BLIS's H100 datasheet. Column SS-T replays instead the requests of the
+project's own load plan (``blis replay`` of a TraceV2: one arrival stream per stage,
+request ``i`` from user ``i mod users``, as the load generator sent them), so that BLIS
+and the project's simulator see the same requests at the same times.
+
+BLIS's per-request output (``--metrics-path``) is turned into what the load generator
+measures: requests over the 300 s client timeout are failures, and each token arrives
+as two streamed events, so the pooled ITL is ``sum(span) / sum(2N - 1)`` per request,
+not BLIS's per-token interval. The project's own closed-loop simulation of the same
+entry (``fitness.validate``) is column SS-P. Errors are predicted mean over observed
+mean, minus 1.
 
 Usage::
 
@@ -29,6 +34,7 @@ Usage::
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import subprocess
@@ -51,13 +57,16 @@ from primitives.data.experiments import find_experiments  # noqa: E402
 from primitives.data.roots import shared_data_root  # noqa: E402
 from primitives.errors import InputError  # noqa: E402
 
-# column key -> (label, BLIS backend or None for the project's simulator, prompts reused)
+# column key -> (label, BLIS backend or None for the project's simulator, BLIS's workload):
+# "spec" BLIS's own inference_perf expansion, "reuse" the same with each user's prompt
+# reused, "trace" the project's load plan replayed (``blis replay``)
 COLUMNS = {
-    "TP": ("BLIS trained-physics", "trained-physics", False),
-    "RL": ("BLIS roofline", "roofline", False),
-    "SS-B": ("stepsynth in BLIS", "stepsynth", False),
-    "SS-R": ("stepsynth in BLIS, prompts reused", "stepsynth", True),
-    "SS-P": ("stepsynth in project", None, False),
+    "TP": ("BLIS trained-physics", "trained-physics", "spec"),
+    "RL": ("BLIS roofline", "roofline", "spec"),
+    "SS-B": ("stepsynth in BLIS", "stepsynth", "spec"),
+    "SS-R": ("stepsynth in BLIS, prompts reused", "stepsynth", "reuse"),
+    "SS-T": ("stepsynth in BLIS, the load generator's requests", "stepsynth", "trace"),
+    "SS-P": ("stepsynth in project", None, None),
 }
 METRICS = ("e2e", "ttft", "itl")
 CLIENT_TIMEOUT_S = 300.0  # the load generator's HTTP client (NOTES.md §2)
@@ -140,19 +149,87 @@ def model_folder(work: Path, spec, resolver) -> Path:
     return folder
 
 
-def run_blis(binary: Path, checkout: Path, work: Path, spec, backend: str, reuse: bool, resolver) -> dict:
-    tag = f"{spec.name}-{backend}" + ("-reuse" if reuse else "")
-    spec_path = work / f"{tag}.yaml"
-    spec_path.write_text(yaml.safe_dump(workload_spec(spec, reuse), sort_keys=False))
+# BLIS's TraceV2 data columns (sim/workload/tracev2.go), as ``blis run --trace-output`` writes them
+TRACE_COLUMNS = (
+    "request_id,client_id,tenant_id,slo_class,session_id,round_index,prefix_group,prefix_length,streaming,"
+    "input_tokens,output_tokens,text_tokens,image_tokens,audio_tokens,video_tokens,reason_ratio,model,"
+    "deadline_us,server_input_tokens,arrival_time_us,send_time_us,first_chunk_time_us,last_chunk_time_us,"
+    "num_chunks,status,error_message,finish_reason"
+).split(",")
+TRACE_HEADER = {"trace_version": 3, "time_unit": "microseconds", "mode": "generated", "warm_up_requests": 0}
+_ZERO_COLUMNS = ("round_index", "text_tokens", "image_tokens", "audio_tokens", "video_tokens", "reason_ratio")
+_ZERO_COLUMNS += ("server_input_tokens", "first_chunk_time_us", "last_chunk_time_us", "num_chunks")
+TRACE_ROW_DEFAULTS = (
+    dict.fromkeys(TRACE_COLUMNS, "")
+    | dict.fromkeys(_ZERO_COLUMNS, 0)
+    | {"slo_class": "standard", "streaming": "true", "input_tokens": 1, "status": "ok"}
+)
+
+
+def load_trace(spec, seed: int = 0) -> tuple[dict, list[dict]]:
+    """The requests of SPEC as the project's load generator sends them, as a BLIS TraceV2.
+
+    ``fitness.sim.loadgen.build_load``'s plan (NOTES.md §2): one stream per stage, request
+    ``i`` from user ``i mod users``, each user's whole re-tokenised prompt every time; so
+    a user's prompt is its own prefix group (all but the last token, which vLLM always
+    recomputes) and one fresh token. BLIS's own inference_perf expansion instead gives
+    every user its own arrival stream, all of which end together at the stage's end.
+    The stages follow each other after ``load.interval``; the real generator also waited
+    for the previous stage to drain (about one E2E in runs that keep up).
+    Returns (header, rows).
+    """
+    from fitness.sim.loadgen import build_load
+
+    plan = build_load(spec, seed)
+    starts_s = np.concatenate([[0.0], np.cumsum([d + plan.stage_interval_s for _, d in spec.stages])])
+    sends = np.concatenate([starts_s[k] + offs for k, offs in enumerate(plan.stage_offsets_s)])
+    send_us = np.rint(sends * 1e6).astype(np.int64)
+    timeout_us = round(plan.timeout_s * 1e6)
+    rows = []
+    for i, (user, prompt_len) in enumerate(zip(plan.request_user, plan.request_input_len, strict=True)):
+        t, name = int(send_us[i]), f"user-{user}"
+        request = {"request_id": i, "client_id": name, "tenant_id": name, "prefix_group": name}
+        request |= {"prefix_length": int(prompt_len) - 1, "output_tokens": plan.output_len}
+        request |= {"deadline_us": t + timeout_us, "arrival_time_us": t, "send_time_us": t}
+        rows.append(TRACE_ROW_DEFAULTS | request)
+    return {**TRACE_HEADER, "workload_seed": seed}, rows
+
+
+def write_workload(work: Path, tag: str, spec, workload: str) -> list[str]:
+    """BLIS's workload of SPEC written under WORK; the ``blis`` subcommand and its workload flags."""
+    if workload != "trace":
+        path = work / f"{tag}.yaml"
+        path.write_text(yaml.safe_dump(workload_spec(spec, workload == "reuse"), sort_keys=False))
+        return ["run", "--workload-spec", str(path), "--num-requests", str(spec.num_requests)]
+    header, rows = load_trace(spec)
+    header_path, data_path = work / f"{tag}.trace.yaml", work / f"{tag}.trace.csv"
+    header_path.write_text(yaml.safe_dump(header, sort_keys=False))
+    with data_path.open("w", newline="") as f:
+        out = csv.DictWriter(f, fieldnames=TRACE_COLUMNS)
+        out.writeheader()
+        out.writerows(rows)
+    return ["replay", "--trace-header", str(header_path), "--trace-data", str(data_path)]
+
+
+def blis_command(binary: Path, work: Path, spec, backend: str, workload: str, resolver) -> tuple[list[str], Path]:
+    """The BLIS command line of one experiment, its workload written; (command, metrics path)."""
+    tag = f"{spec.name}-{backend}" + ("" if workload == "spec" else f"-{workload}")
     metrics_path = work / f"{tag}.json"
     cmd = [
-        *(str(binary), "run", "--model", spec.model.lower(), "--tp", str(spec.tp), "--hardware", BLIS_GPU),
+        *(str(binary), *write_workload(work, tag, spec, workload)),
+        *("--model", spec.model.lower(), "--tp", str(spec.tp), "--hardware", BLIS_GPU),
         *("--model-config-folder", str(model_folder(work, spec, resolver)), "--latency-model", backend),
-        *("--workload-spec", str(spec_path), "--max-model-len", str(spec.max_model_len)),
-        *("--max-num-batched-tokens", str(spec.max_num_batched_tokens), "--max-num-seqs", str(spec.max_num_seqs)),
-        *("--gpu-memory-utilization", str(spec.gpu_memory_utilization), "--timeout", str(int(CLIENT_TIMEOUT_S))),
-        *("--num-requests", str(spec.num_requests), "--metrics-path", str(metrics_path)),
+        *("--max-model-len", str(spec.max_model_len), "--max-num-batched-tokens", str(spec.max_num_batched_tokens)),
+        *("--max-num-seqs", str(spec.max_num_seqs), "--gpu-memory-utilization", str(spec.gpu_memory_utilization)),
+        *("--metrics-path", str(metrics_path)),
     ]
+    if workload != "trace":  # a trace gives each request its deadline
+        cmd += ["--timeout", str(int(CLIENT_TIMEOUT_S))]
+    return cmd, metrics_path
+
+
+def run_blis(binary: Path, checkout: Path, work: Path, spec, backend: str, workload: str, resolver) -> dict:
+    cmd, metrics_path = blis_command(binary, work, spec, backend, workload, resolver)
     proc = subprocess.run(cmd, cwd=checkout, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0 or not metrics_path.exists():
         return {"error": (proc.stderr.strip().splitlines() or ["failed"])[0][:200]}
@@ -194,12 +271,12 @@ def compare_all(
             obs = spec.observed.summary
             row = {"experiment": spec.name, "entry": entry.id, "observed": obs.as_dict()}
             for key in columns:
-                _, backend, reuse = COLUMNS[key]
+                _, backend, workload = COLUMNS[key]
                 if backend is None:
                     item = project[spec.name]
                     pred = {m: item.get(f"{m}_mean_pred_s") for m in METRICS} | {"failures": item.get("failures_pred")}
                 else:
-                    pred = run_blis(binary, checkout, work, spec, backend, reuse, resolver)
+                    pred = run_blis(binary, checkout, work, spec, backend, workload, resolver)
                 row[key] = {**pred, "errors": errors(pred, obs)}
                 print(f"{spec.name} {key}: {pred}", file=sys.stderr)
             rows.append(row)
@@ -225,7 +302,7 @@ def print_table(rows: list[dict]) -> None:
             vals = [abs(r[k]["errors"][m]) for r in rows if r[k]["errors"][m] is not None]
             means.append(f"{100 * np.mean(vals):.1f}%" if vals else "—")
     print("| mean abs error | " + " | ".join(means) + " |")
-    pairs = [(b, "SS-P") for b in ("SS-B", "SS-R") if b in keys and "SS-P" in keys]
+    pairs = [(b, "SS-P") for b in ("SS-B", "SS-R", "SS-T") if b in keys and "SS-P" in keys]
     for b, p in pairs:
         print(f"\nSame model, {COLUMNS[b][0]} against the project's simulator ({b} / SS-P - 1), and failures:")
         for row in rows:

@@ -133,11 +133,17 @@ def _python_itl_ms(entry, model: str, tp: int) -> float:
     return float(np.mean([round_step_us(u + overheads["scheduling_processing_us"]) for u in us])) / 1000
 
 
+@pytest.fixture(scope="module")
+def blis_binary(blis, tmp_path_factory):
+    binary = tmp_path_factory.mktemp("bin") / "blis"
+    run_go(["build", "-o", str(binary), "."], blis[0], env=VENDORED, timeout_s=900)
+    return binary
+
+
 @needs_go
-def test_blis_run_follows_model_tp_and_matches_python(blis, tmp_path):
+def test_blis_run_follows_model_tp_and_matches_python(blis, blis_binary, tmp_path):
     root, entry, _ = blis
-    binary = tmp_path / "blis"
-    run_go(["build", "-o", str(binary), "."], root, env=VENDORED, timeout_s=900)
+    binary = blis_binary
     llama70 = tmp_path / "llama-2-70b"  # BLIS bundles no Llama-2-70B config: the project's own facts
     llama70.mkdir()
     cfg = {**BUILTIN_MODEL_CONFIGS["meta-llama/Llama-2-70b-hf"], "max_position_embeddings": 4096, "hidden_act": "silu"}
@@ -254,6 +260,56 @@ def test_peers_blis_workload_and_client_view():
     assert (got["successes"], got["failures"]) == (1, 1)
     assert got["itl"] == pytest.approx((0.020 + gap_s) / 5)
     assert got["e2e"] == pytest.approx(0.1 + gap_s) and got["ttft"] == pytest.approx(0.05)
+
+
+def _small_experiment():
+    from primitives.data.experiments import ExperimentSpec
+
+    shape = {"num_groups": 2, "num_prompts_per_group": 2, "system_prompt_len": 200, "question_len": 300}
+    return ExperimentSpec("x", "meta-llama/Llama-2-70b-hf", 4, ((0.2, 20.0), (0.5, 10.0)), **shape, output_len=32)
+
+
+def test_peers_blis_trace_is_the_load_generators_requests():
+    """SS-T's trace: the project's load plan, request i from user i mod users, whole prompts reused."""
+    from fitness.sim.loadgen import build_load
+
+    pb = _peers_blis()
+    exp = _small_experiment()
+    header, rows = pb.load_trace(exp, seed=3)
+    plan = build_load(exp, 3)
+    assert header["trace_version"] == 3 and header["workload_seed"] == 3
+    assert [list(r) for r in rows] == [pb.TRACE_COLUMNS] * 9  # 0.2 x 20 + 0.5 x 10 requests
+    assert [r["client_id"] for r in rows] == [f"user-{i % 4}" for i in range(9)]
+    assert all(r["prefix_group"] == r["client_id"] for r in rows)
+    # the whole re-tokenised prompt: all but its last token is the user's prefix
+    lengths = [r["prefix_length"] + r["input_tokens"] for r in rows]
+    assert lengths == list(plan.request_input_len) and all(r["input_tokens"] == 1 for r in rows)
+    send_s = np.array([r["send_time_us"] for r in rows]) / 1e6
+    assert send_s[:4] == pytest.approx(plan.stage_offsets_s[0], abs=1e-6)
+    # the second stage starts after the first one's 20 s and load.interval
+    assert send_s[4:] == pytest.approx(20.0 + exp.stage_interval_s + plan.stage_offsets_s[1], abs=1e-6)
+    assert all(r["deadline_us"] - r["send_time_us"] == 300_000_000 for r in rows)
+    assert all(r["output_tokens"] == 32 for r in rows)
+
+
+@needs_go
+def test_blis_replays_the_trace_with_prompts_cached(blis_binary, blis, tmp_path):
+    """``blis replay`` takes the trace whole: every request at its time and length, later rounds cached."""
+    pb = _peers_blis()
+    exp = _small_experiment()
+    _, rows = pb.load_trace(exp)
+    cmd, metrics_path = pb.blis_command(blis_binary, tmp_path, exp, "stepsynth", "trace", default_resolver())
+    proc = subprocess.run(cmd, cwd=blis[0], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(metrics_path.read_text())
+    requests = sorted(out["requests"], key=lambda r: r["arrived_at"])
+    assert len(requests) == out["injected_requests"] == 9
+    assert [r["arrived_at"] for r in requests] == pytest.approx([r["send_time_us"] / 1e6 for r in rows], abs=1e-6)
+    assert pb.client_means(requests, 9)["successes"] == 9
+    assert [r["num_prefill_tokens"] for r in requests] == [r["prefix_length"] + 1 for r in rows]
+    # 5 of the 9 prompts are a user's second or later: at most 5/9 of the blocks can be
+    # found cached, and BLIS finds nearly all of them (not each prompt's partial last block)
+    assert 0.45 < out["cache_hit_rate"] <= 5 / 9
 
 
 def test_a_checkout_blis_cannot_take_is_refused_whole(short_run, tmp_path, capsys):
