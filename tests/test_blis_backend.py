@@ -16,6 +16,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -101,6 +102,11 @@ def test_export_registers_the_backend_idempotently(blis):
     assert factory.count('case "stepsynth":') == 1 and factory.count('case "stepsynth-b":') == 1
     bundle = (root / "sim/bundle.go").read_text()
     assert bundle.count('"stepsynth": true') == 1 and '"stepsynth-b": true' in bundle
+    # after BLIS's own KV auto-calculation, each backend sets vLLM's block count, once
+    cmd = (root / "cmd/root.go").read_text()
+    for upper in ("Stepsynth", "StepsynthB"):
+        assert cmd.count(f"latency.{upper}KVBlocks(") == 1
+    assert cmd.index("totalKVBlocks = autoBlocks") < cmd.index("latency.StepsynthKVBlocks(")
     pinned = (root / "sim/bundle_test.go").read_text()
     assert 'expected := []string{"roofline", "trained-physics", "stepsynth", "stepsynth-b"}' in pinned
 
@@ -115,7 +121,12 @@ def test_blis_builds_vets_and_passes_its_tests(blis):
     assert "ok  \tgithub.com/inference-sim/inference-sim/sim\t" in out
     # the golden tests really ran inside BLIS (both backends)
     listed = run_go(["test", "-list", "Stepsynth", "./sim/latency/"], root, env=VENDORED).stdout.decode()
-    for test in ("TestStepsynthGoldenStepTimes", "TestStepsynthDeployments", "TestStepsynthFactory"):
+    for test in (
+        "TestStepsynthGoldenStepTimes",
+        "TestStepsynthDeployments",
+        "TestStepsynthFactory",
+        "TestStepsynthKVBlocks",
+    ):
         assert test in listed and test.replace("Stepsynth", "StepsynthB") in listed
 
 
@@ -158,7 +169,9 @@ def test_blis_run_follows_model_tp_and_matches_python(blis, blis_binary, tmp_pat
         cmd = [str(binary), "run", *args, "--tp", str(tp), "--hardware", "H100", "--latency-model", "stepsynth"]
         proc = subprocess.run([*cmd, *WORKLOAD, "--log", "info"], cwd=root, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        assert "auto-calculated total-kv-blocks" in proc.stderr  # BLIS sizes the KV cache as for its own backends
+        # the KV cache is vLLM's (Python's), not BLIS's own estimate of TP times as many blocks
+        blocks = int(re.search(r"auto-calculated total-kv-blocks=(\d+)", proc.stderr).group(1))
+        assert blocks == default_resolver().resolve(model, tp).kv_capacity_tokens(0.9) // 16, (model, tp)
         m = _metrics(proc.stdout)
         assert m["completed_requests"] == REQUESTS
         itl[model, tp] = m["itl_mean_ms"]
@@ -250,14 +263,15 @@ def test_peers_blis_workload_and_client_view():
     reuse = pb.workload_spec(exp, reuse=True)["inference_perf"]["shared_prefix"]
     assert (reuse["num_unique_system_prompts"], reuse["system_prompt_len"], reuse["question_len"]) == (12, 70, 0)
     # two events per token: 3 tokens 10 ms apart are 5 gaps over 20 ms + the event gap;
-    # a request over the 300 s client timeout is a failure
+    # a request over the 300 s client timeout is a failure, and one BLIS timed out
     requests = [
         {"e2e_ms": 100.0, "ttft_ms": 50.0, "itl_ms": 10.0, "num_decode_tokens": 3},
         {"e2e_ms": 301_000.0, "ttft_ms": 1.0, "itl_ms": 1.0, "num_decode_tokens": 3},
+        {"e2e_ms": 0.0, "ttft_ms": 250_000.0, "itl_ms": 0.0, "num_decode_tokens": 3},  # BLIS's timed out
     ]
-    got = pb.client_means(requests, injected=2)
+    got = pb.client_means(requests, injected=3)
     gap_s = pb.DEFAULT_EVENT_GAP_US / 1e6
-    assert (got["successes"], got["failures"]) == (1, 1)
+    assert (got["successes"], got["failures"]) == (1, 2)
     assert got["itl"] == pytest.approx((0.020 + gap_s) / 5)
     assert got["e2e"] == pytest.approx(0.1 + gap_s) and got["ttft"] == pytest.approx(0.05)
 

@@ -9,7 +9,9 @@
 * ``sim/bundle.go``: ``validLatencyBackends``; ``sim/bundle_test.go``: its pinned list;
 * ``cmd/root.go``, ``cmd/replay.go``: the backend resolves its model config and GPU
   datasheet as roofline does, and joins the analytical backends that get config.json
-  facts and automatic KV-block sizing.
+  facts and automatic KV-block sizing; in ``cmd/root.go`` the block count it gets
+  (unless ``--total-kv-blocks`` is given) is then vLLM's, from the generated
+  ``KVBlocks``, not BLIS's own estimate (TP times too many blocks at TP > 1).
 """
 
 from __future__ import annotations
@@ -149,6 +151,33 @@ def _resolution_block(name: str) -> str:
     )
 
 
+_KV_ANCHOR = "\t\t\t\ttotalKVBlocks = autoBlocks\n"  # BLIS's own auto-calculated block count, just set
+_KV_END = "\t\t\t\t\ttotalKVBlocks = blocks\n\t\t\t\t}\n"
+
+
+def _kv_block(name: str) -> str:
+    """After BLIS's own KV auto-calculation: the backend's KV cache as vLLM's (``KVBlocks``)."""
+    _, upper = go_prefix(name)
+    hw = "sim.ModelHardwareConfig{ModelConfig: modelConfig, HWConfig: hwConfig, TP: tensorParallelism}"
+    return (
+        f'\t\t\t\t// {MARK}: backend "{name}" sizes the KV cache as vLLM does ({upper}KVBlocks)\n'
+        f'\t\t\t\tif backend == "{name}" {{\n'
+        f"\t\t\t\t\tblocks, err := latency.{upper}KVBlocks({hw}, gpuMemoryUtilization, blockSizeTokens)\n"
+        '\t\t\t\t\tif err != nil {\n\t\t\t\t\t\tlogrus.Fatalf("--latency-model %s: %v", backend, err)\n\t\t\t\t\t}\n'
+        f"{_KV_END}"
+    )
+
+
+def _marked_block(text: str, marker: str, end_text: str, block: str, anchor: int) -> tuple[str, bool]:
+    """TEXT with BLOCK in place of its earlier copy (from MARKER to END_TEXT), or inserted at
+    ANCHOR (a position); (text, whether it changed)."""
+    start = text.find(marker)
+    if start >= 0:
+        end = text.index(end_text, start) + len(end_text)
+        return (text, False) if text[start:end] == block else (text[:start] + block + text[end:], True)
+    return text[:anchor] + block + text[anchor:], True
+
+
 def _cmd(text: str, name: str, root: Path, rel: str) -> tuple[str, str]:
     changed = []
 
@@ -162,16 +191,16 @@ def _cmd(text: str, name: str, root: Path, rel: str) -> tuple[str, str]:
     text = _ANALYTICAL.sub(widen, text)
     if rel == "cmd/root.go":
         _need(found, root, rel, "the analytical-backend conditions")
-        block = _resolution_block(name)
-        start = text.find(f'\t// {MARK}: backend "{name}" ')
-        if start >= 0:
-            end = text.index("\n\t}\n\n", start) + len("\n\t}\n\n")
-            if text[start:end] != block:
-                text, changed = text[:start] + block + text[end:], [*changed, "config resolution"]
-        else:
-            anchor = text.find("\t// Analytical backends: parse HF config")
-            _need(anchor >= 0, root, rel, "the '// Analytical backends: parse HF config' block")
-            text, changed = text[:anchor] + block + text[anchor:], [*changed, "config resolution"]
+        anchor = text.find("\t// Analytical backends: parse HF config")
+        _need(anchor >= 0, root, rel, "the '// Analytical backends: parse HF config' block")
+        marker = f'\t// {MARK}: backend "{name}" reads'
+        text, moved = _marked_block(text, marker, "\n\t}\n\n", _resolution_block(name), anchor)
+        changed += ["config resolution"] * moved
+        anchor = text.find(_KV_ANCHOR)
+        _need(anchor >= 0, root, rel, "the KV auto-calculation's 'totalKVBlocks = autoBlocks'")
+        marker = f'\t\t\t\t// {MARK}: backend "{name}" sizes the KV cache'
+        text, moved = _marked_block(text, marker, _KV_END, _kv_block(name), anchor + len(_KV_ANCHOR))
+        changed += ["KV blocks"] * moved
     return text, f"{len(changed)} place(s) changed" if changed else "unchanged"
 
 
