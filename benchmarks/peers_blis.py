@@ -15,9 +15,10 @@ and ``exp-config.yaml`` gives ``--tp``, ``--max-model-len``, ``--max-num-batched
 
 every backend reading the same model config (the project's, written to a temporary
 folder) and BLIS's H100 datasheet. Column SS-T replays instead the requests of the
-project's own load plan (``blis replay`` of a TraceV2: one arrival stream per stage,
-request ``i`` from user ``i mod users``, as the load generator sent them), so that BLIS
-and the project's simulator see the same requests at the same times.
+project's own load plan (``blis replay`` of a TraceV2, ``load_trace``: one arrival stream
+per stage, request ``i`` from user ``i mod users``, as the load generator sent them), so
+that BLIS and the project's simulator see the same requests at the same offsets within
+each stage (``load_trace`` says what still differs).
 
 BLIS's per-request output (``--metrics-path``) is turned into what the load generator
 measures: requests over the 300 s client timeout are failures, and each token arrives
@@ -103,12 +104,13 @@ def workload_spec(spec, reuse: bool = False) -> dict:
     }
 
 
-def client_means(requests: list[dict], injected: int) -> dict:
+def client_means(requests: list[dict], injected: int, timeout_s: float = CLIENT_TIMEOUT_S) -> dict:
     """What the client would report from BLIS's per-request output (seconds).
 
-    BLIS lists a request that timed out with E2E and ITL 0 (and its TTFT if it had one).
+    BLIS lists a request that timed out, or was still running at the horizon, with E2E
+    and ITL 0 (and its TTFT if it had one).
     """
-    ok = [r for r in requests if 0 < r["e2e_ms"] / 1e3 <= CLIENT_TIMEOUT_S and r["num_decode_tokens"] > 0]
+    ok = [r for r in requests if 0 < r["e2e_ms"] / 1e3 <= timeout_s and r["num_decode_tokens"] > 0]
     if not ok:
         return {"successes": 0, "failures": injected}
     gap_s = DEFAULT_EVENT_GAP_US / 1e6
@@ -177,8 +179,11 @@ def load_trace(spec, seed: int = 0) -> tuple[dict, list[dict]]:
     a user's prompt is its own prefix group (all but the last token, which vLLM always
     recomputes) and one fresh token. BLIS's own inference_perf expansion instead gives
     every user its own arrival stream, all of which end together at the stage's end.
-    The stages follow each other after ``load.interval``; the real generator also waited
-    for the previous stage to drain (about one E2E in runs that keep up).
+    What still differs from the project's simulator: the stages follow each other after
+    ``load.interval``, where the load generator (and the simulator) also waited for the
+    previous stage to drain, about one E2E in runs that keep up; and a TraceV2 request has
+    one prefix group, so the users of a group do not share its system prompt (a user's
+    first request computes it again, some 6-9 blocks).
     Returns (header, rows).
     """
     from fitness.sim.loadgen import build_load
@@ -211,7 +216,8 @@ def write_workload(work: Path, tag: str, spec, workload: str) -> list[str]:
         out = csv.DictWriter(f, fieldnames=TRACE_COLUMNS)
         out.writeheader()
         out.writerows(rows)
-    return ["replay", "--trace-header", str(header_path), "--trace-data", str(data_path)]
+    horizon_us = max(r["deadline_us"] for r in rows) + 1  # BLIS's default, twice the last send, can cut them off
+    return ["replay", "--trace-header", str(header_path), "--trace-data", str(data_path), "--horizon", str(horizon_us)]
 
 
 def blis_command(binary: Path, work: Path, spec, backend: str, workload: str, resolver) -> tuple[list[str], Path]:
@@ -227,7 +233,7 @@ def blis_command(binary: Path, work: Path, spec, backend: str, workload: str, re
         *("--metrics-path", str(metrics_path)),
     ]
     if workload != "trace":  # a trace gives each request its deadline
-        cmd += ["--timeout", str(int(CLIENT_TIMEOUT_S))]
+        cmd += ["--timeout", str(int(spec.request_timeout_s))]
     return cmd, metrics_path
 
 
@@ -237,7 +243,7 @@ def run_blis(binary: Path, checkout: Path, work: Path, spec, backend: str, workl
     if proc.returncode != 0 or not metrics_path.exists():
         return {"error": (proc.stderr.strip().splitlines() or ["failed"])[0][:200]}
     out = json.loads(metrics_path.read_text())
-    return client_means(out.get("requests") or [], int(out.get("injected_requests", 0)))
+    return client_means(out.get("requests") or [], int(out.get("injected_requests", 0)), spec.request_timeout_s)
 
 
 def errors(pred: dict, obs) -> dict:

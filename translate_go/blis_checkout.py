@@ -151,8 +151,9 @@ def _resolution_block(name: str) -> str:
     )
 
 
-_KV_ANCHOR = "\t\t\t\ttotalKVBlocks = autoBlocks\n"  # BLIS's own auto-calculated block count, just set
-_KV_END = "\t\t\t\t\ttotalKVBlocks = blocks\n\t\t\t\t}\n"
+# right after BLIS's own KV auto-calculation (and its explicit-flag branch) in resolveLatencyConfig
+_KV_ANCHOR = "\t\t// Auto-derive --max-model-len from HF config's max_position_embeddings.\n"
+_KV_END = "\t\t\ttotalKVBlocks = blocks\n\t\t}\n\n"
 
 
 def _kv_block(name: str) -> str:
@@ -160,10 +161,12 @@ def _kv_block(name: str) -> str:
     _, upper = go_prefix(name)
     hw = "sim.ModelHardwareConfig{ModelConfig: modelConfig, HWConfig: hwConfig, TP: tensorParallelism}"
     return (
-        f'\t\t\t\t// {MARK}: backend "{name}" sizes the KV cache as vLLM does ({upper}KVBlocks)\n'
-        f'\t\t\t\tif backend == "{name}" {{\n'
-        f"\t\t\t\t\tblocks, err := latency.{upper}KVBlocks({hw}, gpuMemoryUtilization, blockSizeTokens)\n"
-        '\t\t\t\t\tif err != nil {\n\t\t\t\t\t\tlogrus.Fatalf("--latency-model %s: %v", backend, err)\n\t\t\t\t\t}\n'
+        f'\t\t// {MARK}: backend "{name}" sizes the KV cache as vLLM does ({upper}KVBlocks),\n'
+        "\t\t// not as BLIS's own estimate above (TP times the blocks at TP > 1).\n"
+        f'\t\tif backend == "{name}" && !cmd.Flags().Changed("total-kv-blocks") {{\n'
+        f"\t\t\tblocks, err := latency.{upper}KVBlocks({hw}, gpuMemoryUtilization, blockSizeTokens)\n"
+        '\t\t\tif err != nil {\n\t\t\t\tlogrus.Fatalf("--latency-model %s: %v", backend, err)\n\t\t\t}\n'
+        '\t\t\tlogrus.Infof("--latency-model %s: total-kv-blocks=%d, vLLM\'s KV cache", backend, blocks)\n'
         f"{_KV_END}"
     )
 
@@ -172,8 +175,9 @@ def _marked_block(text: str, marker: str, end_text: str, block: str, anchor: int
     """TEXT with BLOCK in place of its earlier copy (from MARKER to END_TEXT), or inserted at
     ANCHOR (a position); (text, whether it changed)."""
     start = text.find(marker)
-    if start >= 0:
-        end = text.index(end_text, start) + len(end_text)
+    end = text.find(end_text, start) if start >= 0 else -1
+    if end >= 0:
+        end += len(end_text)
         return (text, False) if text[start:end] == block else (text[:start] + block + text[end:], True)
     return text[:anchor] + block + text[anchor:], True
 
@@ -197,9 +201,9 @@ def _cmd(text: str, name: str, root: Path, rel: str) -> tuple[str, str]:
         text, moved = _marked_block(text, marker, "\n\t}\n\n", _resolution_block(name), anchor)
         changed += ["config resolution"] * moved
         anchor = text.find(_KV_ANCHOR)
-        _need(anchor >= 0, root, rel, "the KV auto-calculation's 'totalKVBlocks = autoBlocks'")
-        marker = f'\t\t\t\t// {MARK}: backend "{name}" sizes the KV cache'
-        text, moved = _marked_block(text, marker, _KV_END, _kv_block(name), anchor + len(_KV_ANCHOR))
+        _need(anchor >= 0, root, rel, "the '// Auto-derive --max-model-len from HF config' block")
+        marker = f'\t\t// {MARK}: backend "{name}" sizes the KV cache'
+        text, moved = _marked_block(text, marker, _KV_END, _kv_block(name), anchor)
         changed += ["KV blocks"] * moved
     return text, f"{len(changed)} place(s) changed" if changed else "unchanged"
 
