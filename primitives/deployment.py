@@ -147,11 +147,14 @@ class Deployment:
             )
         return kernel_tables(self.gpu.kernel_dir, self.model, self.tp)
 
+    def kv_capacity_blocks(self, gpu_memory_utilization: float = 0.9) -> int:
+        """KV-cache blocks of 16 tokens that fit per GPU (the Go export's ``KVBlocks`` too)."""
+        free = gpu_memory_utilization * self.gpu.memory_bytes - self.weight_bytes_per_gpu - NON_KV_RESERVE_BYTES
+        return int(max(free, 0.0) // (self.kv_bytes_per_token_per_gpu * KV_BLOCK_TOKENS))
+
     def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
         """KV-cache tokens that fit per GPU, rounded down to whole 16-token blocks."""
-        free = gpu_memory_utilization * self.gpu.memory_bytes - self.weight_bytes_per_gpu - NON_KV_RESERVE_BYTES
-        blocks = int(max(free, 0.0) // (self.kv_bytes_per_token_per_gpu * KV_BLOCK_TOKENS))
-        return blocks * KV_BLOCK_TOKENS
+        return self.kv_capacity_blocks(gpu_memory_utilization) * KV_BLOCK_TOKENS
 
     @property
     def facts(self) -> dict[str, float | int]:

@@ -87,14 +87,14 @@ def _model_helpers(expr: sp.Expr, deployment: Deployment, others: list[Deploymen
     for d in others:
         want = python_step_time_us(expr, d, batches)
         values = ", ".join(go_float_literal(v) for v in want)
-        kv_blocks = d.kv_capacity_tokens(KV_GOLDEN_UTILIZATION) // KV_BLOCK_TOKENS
+        kv_blocks = d.kv_capacity_blocks(KV_GOLDEN_UTILIZATION)
         cases.append(
             f"\t{{\n\t\t{hardware_literal(d, indent=chr(9) * 2)},\n\t\t[]float64{{{values}}},\n\t\t{kv_blocks},\n\t}},"
         )
     return render_template(
         "blis_test_helpers.go.tmpl",
         golden_hardware=hardware_literal(deployment),
-        golden_kv_blocks=deployment.kv_capacity_tokens(KV_GOLDEN_UTILIZATION) // KV_BLOCK_TOKENS,
+        golden_kv_blocks=deployment.kv_capacity_blocks(KV_GOLDEN_UTILIZATION),
         kv_utilization=go_float_literal(KV_GOLDEN_UTILIZATION),
         kv_block_tokens=KV_BLOCK_TOKENS,
         deployment_cases="\n".join(cases),

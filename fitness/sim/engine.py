@@ -63,7 +63,7 @@ def simulate(
     """Run SPEC's load against a simulated vLLM server whose steps take MODEL's times.
 
     ``load`` overrides the seeded load plan (tests); ``kv_capacity_blocks`` overrides the
-    capacity derived from the deployment (``kv_capacity_tokens(gpu_memory_utilization)``).
+    capacity derived from the deployment (``kv_capacity_blocks(gpu_memory_utilization)``).
     ``distributions``: the metrics carry the percentiles the load generator reports too.
     ``engine``: ``compiled`` (``fitness.sim.core``: the model must have a step program),
     ``python`` (the reference loop below), or ``auto``: compiled where the model allows.
@@ -75,7 +75,7 @@ def simulate(
     if load is None:
         load = build_load(spec, seed)
     if kv_capacity_blocks is None:
-        kv_capacity_blocks = deployment.kv_capacity_tokens(spec.gpu_memory_utilization) // BLOCK
+        kv_capacity_blocks = deployment.kv_capacity_blocks(spec.gpu_memory_utilization)
     kv_total = int(kv_capacity_blocks)
     scales = np.ones(1) if step_scales is None else np.asarray(step_scales, dtype=np.float64)
     if not (scales.ndim == 1 and len(scales) and np.all(np.isfinite(scales)) and np.all(scales > 0)):
