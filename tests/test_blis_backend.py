@@ -111,6 +111,27 @@ def test_export_registers_the_backend_idempotently(blis):
     assert 'expected := []string{"roofline", "trained-physics", "stepsynth", "stepsynth-b"}' in pinned
 
 
+def test_an_earlier_block_without_its_end_is_refused(blis, short_run, tmp_path, capsys):
+    """An earlier export's KV block whose end was edited away: inserting beside it would
+    leave two copies, so the export refuses and writes nothing."""
+    root_done, _, _ = blis
+    run_dir, entry = short_run
+    root = tmp_path / "blis"
+    rels = ("go.mod", "sim/latency_model.go", "sim/latency/latency.go", "sim/bundle.go", "sim/bundle_test.go")
+    for rel in (*rels, "cmd/root.go", "cmd/replay.go"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text((root_done / rel).read_text())
+    cmd = (root / "cmd/root.go").read_text()
+    end = "\t\t\ttotalKVBlocks = blocks\n"
+    assert cmd.count(end) == 2  # stepsynth's and stepsynth-b's
+    (root / "cmd/root.go").write_text(cmd.replace(end, end.replace("blocks\n", "blocks // mine\n")))
+    before = {p: p.read_text() for p in root.rglob("*") if p.is_file()}
+    assert main(["export-go", entry.id, "--blis", str(root), "--run-dir", str(run_dir)]) == 2
+    err = _error(capsys)
+    assert "cmd/root.go" in err and "sizes the KV cache" in err and "edited by hand" in err
+    assert {p: p.read_text() for p in root.rglob("*") if p.is_file()} == before
+
+
 @needs_go
 def test_blis_builds_vets_and_passes_its_tests(blis):
     root = blis[0]

@@ -317,6 +317,8 @@ def _running(pid: str) -> bool:
 # --- outputs and read-only commands ------------------------------------------------------
 @pytest.mark.parametrize("target", ["/dev/full", "fifo", "link"])
 def test_json_output_only_to_a_regular_file(target, done, work, capsys):
+    if target == "/dev/full" and not Path(target).exists():
+        pytest.skip("this system has no /dev/full (the test would create a regular file there)")
     if target == "fifo":
         os.mkfifo(work / "fifo")
     if target == "link":

@@ -171,15 +171,17 @@ def _kv_block(name: str) -> str:
     )
 
 
-def _marked_block(text: str, marker: str, end_text: str, block: str, anchor: int) -> tuple[str, bool]:
+def _marked_block(text: str, marker: str, end_text: str, block: str, anchor: int, where: tuple) -> tuple[str, bool]:
     """TEXT with BLOCK in place of its earlier copy (from MARKER to END_TEXT), or inserted at
-    ANCHOR (a position); (text, whether it changed)."""
+    ANCHOR (a position); (text, whether it changed). WHERE is (root, rel) for the refusal of an
+    earlier copy whose end is gone: inserting beside it would leave two."""
     start = text.find(marker)
-    end = text.find(end_text, start) if start >= 0 else -1
-    if end >= 0:
-        end += len(end_text)
-        return (text, False) if text[start:end] == block else (text[:start] + block + text[end:], True)
-    return text[:anchor] + block + text[anchor:], True
+    if start < 0:
+        return text[:anchor] + block + text[anchor:], True
+    end = text.find(end_text, start)
+    _need(end >= 0, *where, f"the end of the block marked '{marker.strip()}' (edited by hand?)")
+    end += len(end_text)
+    return (text, False) if text[start:end] == block else (text[:start] + block + text[end:], True)
 
 
 def _cmd(text: str, name: str, root: Path, rel: str) -> tuple[str, str]:
@@ -198,12 +200,12 @@ def _cmd(text: str, name: str, root: Path, rel: str) -> tuple[str, str]:
         anchor = text.find("\t// Analytical backends: parse HF config")
         _need(anchor >= 0, root, rel, "the '// Analytical backends: parse HF config' block")
         marker = f'\t// {MARK}: backend "{name}" reads'
-        text, moved = _marked_block(text, marker, "\n\t}\n\n", _resolution_block(name), anchor)
+        text, moved = _marked_block(text, marker, "\n\t}\n\n", _resolution_block(name), anchor, (root, rel))
         changed += ["config resolution"] * moved
         anchor = text.find(_KV_ANCHOR)
         _need(anchor >= 0, root, rel, "the '// Auto-derive --max-model-len from HF config' block")
         marker = f'\t\t// {MARK}: backend "{name}" sizes the KV cache'
-        text, moved = _marked_block(text, marker, _KV_END, _kv_block(name), anchor)
+        text, moved = _marked_block(text, marker, _KV_END, _kv_block(name), anchor, (root, rel))
         changed += ["KV blocks"] * moved
     return text, f"{len(changed)} place(s) changed" if changed else "unchanged"
 
