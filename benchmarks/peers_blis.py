@@ -31,6 +31,10 @@ Usage::
 
     python benchmarks/peers_blis.py --experiments ../shared/data/experiments --run-dir runs/r0
     python benchmarks/peers_blis.py --experiments DIR --run-dir RUN --id ENTRY --json out.json
+    python benchmarks/peers_blis.py --experiments DIR --run-dir RUN --columns SS-T,SS-P --withheld
+
+``--withheld`` runs the experiments without results instead (the blind ones): no errors,
+the predictions of each column side by side, with the share of requests that failed.
 """
 
 from __future__ import annotations
@@ -258,6 +262,7 @@ def compare_all(
     jobs: int,
     keep: Path | None = None,
     columns: tuple[str, ...] = tuple(COLUMNS),
+    withheld: bool = False,
 ) -> list[dict]:
     from fitness.validate import ClosedLoopSettings, closed_loop_runs, same_model
     from primitives.deployment import default_resolver
@@ -265,8 +270,9 @@ def compare_all(
     resolver = default_resolver()
     with ArchiveStore(RunDir(run_dir).archive, create=False) as store:
         entry = store.get(entry_id) if entry_id else recommend(store.front())
-    specs = [s for s in find_experiments(experiments) if s.observed is not None]
-    print(f"entry {entry.id}: {entry.expression}\n{len(specs)} experiments with results", file=sys.stderr)
+    specs = [s for s in find_experiments(experiments) if (s.observed is None) == withheld]
+    which = "without results (withheld)" if withheld else "with results"
+    print(f"entry {entry.id}: {entry.expression}\n{len(specs)} experiments {which}", file=sys.stderr)
     project = {}
     if "SS-P" in columns:
         runs = same_model(specs, entry.expression, entry.overheads)
@@ -277,8 +283,9 @@ def compare_all(
         work = Path(tmp) if keep is None else keep
         checkout, binary = prepare_blis(blis_src, work, entry, run_dir, resolver)
         for spec in specs:
-            obs = spec.observed.summary
-            row = {"experiment": spec.name, "entry": entry.id, "observed": obs.as_dict()}
+            obs = spec.observed.summary if spec.observed is not None else None
+            row = {"experiment": spec.name, "entry": entry.id, "observed": obs.as_dict() if obs else None}
+            row["requests"] = spec.num_requests
             for key in columns:
                 _, backend, workload = COLUMNS[key]
                 if backend is None:
@@ -286,7 +293,7 @@ def compare_all(
                     pred = {m: item.get(f"{m}_mean_pred_s") for m in METRICS} | {"failures": item.get("failures_pred")}
                 else:
                     pred = run_blis(binary, checkout, work, spec, backend, workload, resolver)
-                row[key] = {**pred, "errors": errors(pred, obs)}
+                row[key] = {**pred, "errors": errors(pred, obs) if obs else None}
                 print(f"{spec.name} {key}: {pred}", file=sys.stderr)
             rows.append(row)
     return rows
@@ -322,6 +329,28 @@ def print_table(rows: list[dict]) -> None:
             print(f"  {row['experiment']}: E2E {diff[0]}, TTFT {diff[1]}, ITL {diff[2]}; {fails}")
 
 
+def print_predictions(rows: list[dict]) -> None:
+    """The withheld experiments: each column's means and failed share, no observed figures."""
+    keys = [k for k in COLUMNS if rows and k in rows[0]]
+    print("Predictions (no results to compare with): E2E s / TTFT s / ITL ms / failed; ", end="")
+    print(", ".join(f"{k}: {COLUMNS[k][0]}" for k in keys) + ".\n")
+    print("| experiment | " + " | ".join(keys) + " |")
+    print("|---|" + "---|" * len(keys))
+    for row in rows:
+        cells = []
+        for k in keys:
+            pred, total = row[k], row["requests"]
+            if pred.get("error") or pred.get("failures") is None:
+                cells.append(pred.get("error", "—"))
+                continue
+            means = " / ".join("—" if pred.get(m) is None else f"{pred[m] * s:.{d}f}" for m, s, d in _SHOWN)
+            cells.append(f"{means} / {100 * pred['failures'] / total:.1f}%" if total else means)
+        print(f"| {row['experiment']} | " + " | ".join(cells) + " |")
+
+
+_SHOWN = (("e2e", 1.0, 1), ("ttft", 1.0, 1), ("itl", 1e3, 2))  # metric, scale to the unit shown, decimals
+
+
 def merged_rows(paths: list[Path]) -> list[dict]:
     """The rows of earlier --json outputs, side by side; InputError naming a file that is not one."""
     parts = []
@@ -353,9 +382,10 @@ def _merge_problem(rows) -> str | None:
     for i, row in enumerate(rows):
         if not isinstance(row, dict) or not isinstance(row.get("experiment"), str):
             return f"row {i} has no experiment"
-        if not isinstance(row.get("observed"), dict) or "failures" not in row["observed"]:
+        withheld = "observed" in row and row["observed"] is None and type(row.get("requests")) is int
+        if not withheld and (not isinstance(row.get("observed"), dict) or "failures" not in row["observed"]):
             return f"row {i} has no observed figures"
-        for key in (k for k in COLUMNS if k in row):
+        for key in (k for k in COLUMNS if k in row and not withheld):
             errors = row[key].get("errors") if isinstance(row[key], dict) else None
             numbers = isinstance(errors, dict) and all(
                 m in errors and (errors[m] is None or type(errors[m]) in (int, float)) for m in METRICS
@@ -401,6 +431,7 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, metavar="DIR", help="keep BLIS's copy, specs and outputs here (new folder)")
     ap.add_argument("--columns", default=",".join(COLUMNS), help=f"some of {','.join(COLUMNS)} (default: all)")
     ap.add_argument("--merge", type=Path, nargs="+", metavar="JSON", help="only print earlier --json outputs together")
+    ap.add_argument("--withheld", action="store_true", help="the experiments without results: predictions only")
     args = ap.parse_args(argv)
     columns = tuple(c.strip() for c in args.columns.split(","))
     unknown = sorted(set(columns) - set(COLUMNS))
@@ -410,14 +441,17 @@ def main(argv=None) -> int:
         ap.error("--experiments and --run-dir are required")
     try:
         if args.merge:  # print the table of earlier --json outputs side by side
-            print_table(merged_rows(args.merge))
+            rows = merged_rows(args.merge)
+            (print_predictions if rows[0]["observed"] is None else print_table)(rows)
             return 0
         check_inputs(args)
-        rows = compare_all(args.experiments, args.run_dir, args.id, args.blis, args.jobs, args.work, columns)
+        rows = compare_all(
+            args.experiments, args.run_dir, args.id, args.blis, args.jobs, args.work, columns, args.withheld
+        )
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print_table(rows)
+    (print_predictions if args.withheld else print_table)(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -33,6 +33,7 @@ from evolve.cli import main
 from primitives.builtin import BUILTIN_MODEL_CONFIGS
 from primitives.data.roots import shared_data_root
 from primitives.deployment import default_resolver
+from primitives.errors import InputError
 from translate_go.export import parse_entry_expression
 from translate_go.golden import python_step_time_us, round_step_us
 from translate_go.non_step import resolve_overheads
@@ -297,6 +298,30 @@ def test_peers_blis_workload_and_client_view():
     assert (got["successes"], got["failures"]) == (1, 2)
     assert got["itl"] == pytest.approx((0.020 + gap_s) / 5)
     assert got["e2e"] == pytest.approx(0.1 + gap_s) and got["ttft"] == pytest.approx(0.05)
+
+
+def test_peers_blis_withheld_rows_print_and_merge(tmp_path, capsys):
+    """--withheld rows have no observed figures: each column's means and failed share, and
+    --merge takes them back (but not beside rows of other experiments)."""
+    pb = _peers_blis()
+    blis = {"successes": 52, "failures": 448, "e2e": 149.24, "ttft": 109.51, "itl": 0.013712}
+    mine = {"e2e": 159.2, "ttft": 100.0, "itl": 0.02042, "failures": 423}
+    row = {"experiment": "x-reasoning", "entry": "e", "observed": None, "requests": 500}
+    rows = [row | {"SS-T": {**blis, "errors": None}, "SS-P": {**mine, "errors": None}}]
+    path = tmp_path / "withheld.json"
+    path.write_text(json.dumps(rows))
+    assert pb.merged_rows([path]) == rows
+    pb.print_predictions(rows)
+    out = capsys.readouterr().out
+    assert "| x-reasoning | 149.2 / 109.5 / 13.71 / 89.6% | 159.2 / 100.0 / 20.42 / 84.6% |" in out
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps([rows[0] | {"experiment": "y"}]))
+    with pytest.raises(InputError, match="other experiments"):
+        pb.merged_rows([path, other])
+    without_count = tmp_path / "bad.json"
+    without_count.write_text(json.dumps([{k: v for k, v in rows[0].items() if k != "requests"}]))
+    with pytest.raises(InputError, match="no observed figures"):
+        pb.merged_rows([without_count])
 
 
 def _small_experiment():
