@@ -411,9 +411,12 @@ def check_inputs(args) -> None:
         except ValueError as exc:  # no front to recommend from
             raise InputError(args.run_dir, "--run-dir", f"no recommended entry ({exc}); pass --id") from None
     try:
-        find_experiments(args.experiments)
+        specs = find_experiments(args.experiments)
     except InputError as err:
         raise InputError(err.path, err.field, f"{err.expected} (--experiments)") from None
+    if not any((s.observed is None) == args.withheld for s in specs):
+        which = "without results (--withheld)" if args.withheld else "with results (or pass --withheld)"
+        raise InputError(args.experiments, "--experiments", f"expected experiments {which}")
     check_checkout(args.blis)  # built whatever the columns
     if args.work is not None and args.work.exists() and (not args.work.is_dir() or any(args.work.iterdir())):
         raise InputError(args.work, "--work", "expected a new (or empty) folder")

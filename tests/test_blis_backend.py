@@ -324,6 +324,26 @@ def test_peers_blis_withheld_rows_print_and_merge(tmp_path, capsys):
         pb.merged_rows([without_count])
 
 
+def test_peers_blis_refuses_a_folder_without_the_experiments_asked_for(short_run, tmp_path):
+    """--withheld on a folder whose every experiment has results (and the reverse) is a
+    one-line refusal before BLIS is built, not an empty table."""
+    import argparse
+
+    source = shared_data_root() / "data" / "experiments"
+    with_results = sorted(source.glob("*-codegen")) if source.is_dir() else []
+    if not with_results:
+        pytest.skip(f"no experiments at {source} (set STEPSYNTH_SHARED to the shared/ folder)")
+    folder = tmp_path / "experiments"
+    folder.mkdir()
+    (folder / with_results[0].name).symlink_to(with_results[0])
+    pb = _peers_blis()
+    args = argparse.Namespace(run_dir=short_run[0], id=None, experiments=folder, withheld=True, blis=tmp_path / "none")
+    with pytest.raises(InputError, match="expected experiments without results"):
+        pb.check_inputs(args)
+    with pytest.raises(InputError, match="BLIS checkout"):  # with results: on to the next check
+        pb.check_inputs(argparse.Namespace(**{**vars(args), "withheld": False}))
+
+
 def _small_experiment():
     from primitives.data.experiments import ExperimentSpec
 
