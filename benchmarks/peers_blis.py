@@ -339,10 +339,12 @@ def print_predictions(rows: list[dict]) -> None:
     for row in rows:
         cells = []
         for k in keys:
-            pred, total = row[k], row["requests"]
+            pred = row[k]
             if pred.get("error") or pred.get("failures") is None:
-                cells.append(pred.get("error", "—"))
+                cells.append(str(pred.get("error", "—")).replace("|", "/"))
                 continue
+            # BLIS's own workload expansion (SS-B, SS-R) may inject another count than the plan's
+            total = pred["successes"] + pred["failures"] if "successes" in pred else row["requests"]
             means = " / ".join("—" if pred.get(m) is None else f"{pred[m] * s:.{d}f}" for m, s, d in _SHOWN)
             cells.append(f"{means} / {100 * pred['failures'] / total:.1f}%" if total else means)
         print(f"| {row['experiment']} | " + " | ".join(cells) + " |")
@@ -376,22 +378,49 @@ def merged_rows(paths: list[Path]) -> list[dict]:
 
 
 def _merge_problem(rows) -> str | None:
-    """What keeps ROWS from being a --json output (None: nothing)."""
+    """What keeps ROWS from being a --json output (None: nothing): rows of one kind (with
+    results, or withheld), each with the same columns."""
     if not isinstance(rows, list) or not rows:
         return "not a list of rows" if not isinstance(rows, list) else "no rows"
+    kinds, columns = set(), None
     for i, row in enumerate(rows):
         if not isinstance(row, dict) or not isinstance(row.get("experiment"), str):
             return f"row {i} has no experiment"
-        withheld = "observed" in row and row["observed"] is None and type(row.get("requests")) is int
+        withheld = "observed" in row and row["observed"] is None
+        kinds.add(withheld)
+        if withheld and type(row.get("requests")) is not int:
+            return f"row {i} (withheld) has no request count"
         if not withheld and (not isinstance(row.get("observed"), dict) or "failures" not in row["observed"]):
             return f"row {i} has no observed figures"
-        for key in (k for k in COLUMNS if k in row and not withheld):
-            errors = row[key].get("errors") if isinstance(row[key], dict) else None
-            numbers = isinstance(errors, dict) and all(
-                m in errors and (errors[m] is None or type(errors[m]) in (int, float)) for m in METRICS
-            )
-            if not numbers:
-                return f"row {i}: {key} has no errors of {', '.join(METRICS)}"
+        keys = [k for k in COLUMNS if k in row]
+        columns = keys if columns is None else columns
+        if keys != columns or len(kinds) > 1:
+            return f"row {i} differs from row 0 in its " + ("columns" if keys != columns else "kind (withheld or not)")
+        for key in keys:
+            bad = _prediction_problem(row[key]) if withheld else _errors_problem(row[key])
+            if bad:
+                return f"row {i}: {key} {bad}"
+    return None
+
+
+def _number(v) -> bool:
+    return v is None or type(v) in (int, float)
+
+
+def _errors_problem(column) -> str | None:
+    errors = column.get("errors") if isinstance(column, dict) else None
+    if not isinstance(errors, dict) or not all(m in errors and _number(errors[m]) for m in METRICS):
+        return f"has no errors of {', '.join(METRICS)}"
+    return None
+
+
+def _prediction_problem(column) -> str | None:
+    if isinstance(column, dict) and isinstance(column.get("error"), str):
+        return None
+    if not isinstance(column, dict) or not all(_number(column.get(m)) for m in METRICS):
+        return f"has no predictions of {', '.join(METRICS)}"
+    if not (column.get("failures") is None or type(column["failures"]) is int):
+        return "has no failure count"
     return None
 
 

@@ -113,24 +113,36 @@ def test_export_registers_the_backend_idempotently(blis):
 
 
 def test_an_earlier_block_without_its_end_is_refused(blis, short_run, tmp_path, capsys):
-    """An earlier export's KV block whose end was edited away: inserting beside it would
-    leave two copies, so the export refuses and writes nothing."""
+    """An earlier export's block whose end was edited away, or whose marker is there twice:
+    replacing up to the next end would delete BLIS's code or another backend's block, and
+    inserting would leave two copies, so the export refuses and writes nothing."""
     root_done, _, _ = blis
     run_dir, entry = short_run
-    root = tmp_path / "blis"
-    rels = ("go.mod", "sim/latency_model.go", "sim/latency/latency.go", "sim/bundle.go", "sim/bundle_test.go")
-    for rel in (*rels, "cmd/root.go", "cmd/replay.go"):
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text((root_done / rel).read_text())
-    cmd = (root / "cmd/root.go").read_text()
     end = "\t\t\ttotalKVBlocks = blocks\n"
+    cmd = (root_done / "cmd/root.go").read_text()
     assert cmd.count(end) == 2  # stepsynth's and stepsynth-b's
-    (root / "cmd/root.go").write_text(cmd.replace(end, end.replace("blocks\n", "blocks // mine\n")))
-    before = {p: p.read_text() for p in root.rglob("*") if p.is_file()}
-    assert main(["export-go", entry.id, "--blis", str(root), "--run-dir", str(run_dir)]) == 2
-    err = _error(capsys)
-    assert "cmd/root.go" in err and "sizes the KV cache" in err and "edited by hand" in err
-    assert {p: p.read_text() for p in root.rglob("*") if p.is_file()} == before
+    kv = '// stepsynth export-go: backend "stepsynth" sizes the KV cache'
+    config = '// stepsynth export-go: backend "stepsynth" reads'
+    first_end = cmd.index(end, cmd.index(kv))
+    config_end = cmd.index("\n\t}\n\n", cmd.index(config)) + 1  # its closing brace
+    cases = {
+        "both ends": (cmd.replace(end, end.replace("blocks\n", "blocks // mine\n")), kv),
+        "its own end": (cmd[:first_end] + "\t\t\ttotalKVBlocks = blocks // mine\n" + cmd[first_end + len(end) :], kv),
+        "a config block's end": (cmd[:config_end] + "\t}  // mine\n\n" + cmd[config_end + 4 :], config),
+        "marked twice": (cmd.replace(kv, kv + " (again)\n\t\t" + kv, 1), kv),
+    }
+    for what, (edited, marker) in cases.items():
+        root = tmp_path / what.replace(" ", "_").replace("'", "")
+        rels = ("go.mod", "sim/latency_model.go", "sim/latency/latency.go", "sim/bundle.go", "sim/bundle_test.go")
+        for rel in (*rels, "cmd/replay.go"):
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text((root_done / rel).read_text())
+        (root / "cmd/root.go").write_text(edited)
+        before = {p: p.read_text() for p in root.rglob("*") if p.is_file()}
+        assert main(["export-go", entry.id, "--blis", str(root), "--run-dir", str(run_dir)]) == 2, what
+        err = _error(capsys)
+        assert "cmd/root.go" in err and marker in err and "not as exported" in err, (what, err)
+        assert {p: p.read_text() for p in root.rglob("*") if p.is_file()} == before, what
 
 
 @needs_go
@@ -320,8 +332,22 @@ def test_peers_blis_withheld_rows_print_and_merge(tmp_path, capsys):
         pb.merged_rows([path, other])
     without_count = tmp_path / "bad.json"
     without_count.write_text(json.dumps([{k: v for k, v in rows[0].items() if k != "requests"}]))
-    with pytest.raises(InputError, match="no observed figures"):
+    with pytest.raises(InputError, match="no request count"):
         pb.merged_rows([without_count])
+    mixed = tmp_path / "mixed.json"  # a row with results after a withheld one, or a column missing
+    with_results = rows[0] | {"observed": {"failures": 0}, "SS-T": {"errors": dict.fromkeys(pb.METRICS, 0.1)}}
+    for bad_rows, needle in (
+        ([rows[0], with_results | {"experiment": "z"}], "kind"),
+        ([rows[0], {k: v for k, v in rows[0].items() if k != "SS-P"} | {"experiment": "z"}], "columns"),
+        ([rows[0] | {"SS-T": {**blis, "e2e": "slow"}}], "no predictions"),
+        ([rows[0] | {"SS-T": "x"}], "no predictions"),
+    ):
+        mixed.write_text(json.dumps(bad_rows))
+        with pytest.raises(InputError, match=needle):
+            pb.merged_rows([mixed])
+    # an errored column prints its message (a table's bar escaped); a count BLIS injected wins
+    pb.print_predictions([row | {"SS-T": {"error": "a | b"}, "SS-P": {**blis, "successes": 52, "failures": 48}}])
+    assert "| x-reasoning | a / b | 149.2 / 109.5 / 13.71 / 48.0% |" in capsys.readouterr().out
 
 
 def test_peers_blis_refuses_a_folder_without_the_experiments_asked_for(short_run, tmp_path):

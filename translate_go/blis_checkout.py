@@ -173,14 +173,22 @@ def _kv_block(name: str) -> str:
 
 def _marked_block(text: str, marker: str, end_text: str, block: str, anchor: int, where: tuple) -> tuple[str, bool]:
     """TEXT with BLOCK in place of its earlier copy (from MARKER to END_TEXT), or inserted at
-    ANCHOR (a position); (text, whether it changed). WHERE is (root, rel) for the refusal of an
-    earlier copy whose end is gone: inserting beside it would leave two."""
+    ANCHOR (a position); (text, whether it changed). WHERE is (root, rel) for a refusal.
+
+    An earlier copy sits before ANCHOR and holds no other stepsynth block: where it does not
+    (its end edited by hand, the marker twice), replacing up to the next END_TEXT would delete
+    BLIS's code or another backend's block, and inserting would leave two copies."""
     start = text.find(marker)
     if start < 0:
         return text[:anchor] + block + text[anchor:], True
-    end = text.find(end_text, start)
-    _need(end >= 0, *where, f"the end of the block marked '{marker.strip()}' (edited by hand?)")
-    end += len(end_text)
+    found = text.find(end_text, start)
+    end = found + len(end_text)
+    other = text.find(f"// {MARK}:", start + len(marker))  # the next stepsynth block, if any
+    whole = found >= 0 and text.count(marker) == 1 and not start < anchor < end and not 0 <= other < end
+    if not whole:
+        root, rel = where
+        what = f"the block marked '{marker.strip()}' is not as exported (its end edited, or marked twice)"
+        raise InputError(root / rel, None, f"cannot register the backend: {what}; start from a fresh copy")
     return (text, False) if text[start:end] == block else (text[:start] + block + text[end:], True)
 
 
