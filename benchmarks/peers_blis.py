@@ -58,7 +58,7 @@ from archive.select import recommend  # noqa: E402
 from archive.store import ArchiveStore  # noqa: E402
 from evolve.cli_parser import OneLineParser, positive_int  # noqa: E402
 from fitness.sim.loadgen import DEFAULT_EVENT_GAP_US, EVENTS_PER_TOKEN  # noqa: E402
-from primitives.data.experiments import find_experiments  # noqa: E402
+from primitives.data.experiments import DEFAULT_REQUEST_TIMEOUT_S, find_experiments  # noqa: E402
 from primitives.data.roots import shared_data_root  # noqa: E402
 from primitives.errors import InputError  # noqa: E402
 
@@ -74,7 +74,6 @@ COLUMNS = {
     "SS-P": ("stepsynth in project", None, None),
 }
 METRICS = ("e2e", "ttft", "itl")
-CLIENT_TIMEOUT_S = 300.0  # the load generator's HTTP client (NOTES.md §2)
 BLIS_GPU = "H100"
 
 
@@ -108,7 +107,7 @@ def workload_spec(spec, reuse: bool = False) -> dict:
     }
 
 
-def client_means(requests: list[dict], injected: int, timeout_s: float = CLIENT_TIMEOUT_S) -> dict:
+def client_means(requests: list[dict], injected: int, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> dict:
     """What the client would report from BLIS's per-request output (seconds).
 
     BLIS lists a request that timed out, or was still running at the horizon, with E2E
@@ -255,23 +254,22 @@ def errors(pred: dict, obs) -> dict:
 
 
 def compare_all(
-    experiments: Path,
+    specs: list,
     run_dir: Path,
     entry_id: str | None,
     blis_src: Path,
     jobs: int,
     keep: Path | None = None,
     columns: tuple[str, ...] = tuple(COLUMNS),
-    withheld: bool = False,
 ) -> list[dict]:
+    """Each column's predictions for SPECS (all with results, or all withheld), one row each."""
     from fitness.validate import ClosedLoopSettings, closed_loop_runs, same_model
     from primitives.deployment import default_resolver
 
     resolver = default_resolver()
     with ArchiveStore(RunDir(run_dir).archive, create=False) as store:
         entry = store.get(entry_id) if entry_id else recommend(store.front())
-    specs = [s for s in find_experiments(experiments) if (s.observed is None) == withheld]
-    which = "without results (withheld)" if withheld else "with results"
+    which = "without results (withheld)" if specs[0].observed is None else "with results"
     print(f"entry {entry.id}: {entry.expression}\n{len(specs)} experiments {which}", file=sys.stderr)
     project = {}
     if "SS-P" in columns:
@@ -424,8 +422,9 @@ def _prediction_problem(column) -> str | None:
     return None
 
 
-def check_inputs(args) -> None:
-    """Every input and output of a comparison, before the slow simulations and BLIS's build."""
+def check_inputs(args) -> list:
+    """Every input and output of a comparison, before the slow simulations and BLIS's build;
+    the experiments to run (those with results, or those without for ``--withheld``)."""
     from evolve.cli_files import check_writable_file
     from translate_go.blis_checkout import check_checkout
 
@@ -440,16 +439,17 @@ def check_inputs(args) -> None:
         except ValueError as exc:  # no front to recommend from
             raise InputError(args.run_dir, "--run-dir", f"no recommended entry ({exc}); pass --id") from None
     try:
-        specs = find_experiments(args.experiments)
+        specs = [s for s in find_experiments(args.experiments) if (s.observed is None) == args.withheld]
     except InputError as err:
         raise InputError(err.path, err.field, f"{err.expected} (--experiments)") from None
-    if not any((s.observed is None) == args.withheld for s in specs):
+    if not specs:
         which = "without results (--withheld)" if args.withheld else "with results (or pass --withheld)"
         raise InputError(args.experiments, "--experiments", f"expected experiments {which}")
     check_checkout(args.blis)  # built whatever the columns
     if args.work is not None and args.work.exists() and (not args.work.is_dir() or any(args.work.iterdir())):
         raise InputError(args.work, "--work", "expected a new (or empty) folder")
     check_writable_file(args.json, "--json")
+    return specs
 
 
 def main(argv=None) -> int:
@@ -476,10 +476,8 @@ def main(argv=None) -> int:
             rows = merged_rows(args.merge)
             (print_predictions if rows[0]["observed"] is None else print_table)(rows)
             return 0
-        check_inputs(args)
-        rows = compare_all(
-            args.experiments, args.run_dir, args.id, args.blis, args.jobs, args.work, columns, args.withheld
-        )
+        specs = check_inputs(args)
+        rows = compare_all(specs, args.run_dir, args.id, args.blis, args.jobs, args.work, columns)
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

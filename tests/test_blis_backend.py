@@ -133,16 +133,12 @@ def test_an_earlier_block_without_its_end_is_refused(blis, short_run, tmp_path, 
     }
     for what, (edited, marker) in cases.items():
         root = tmp_path / what.replace(" ", "_").replace("'", "")
-        rels = ("go.mod", "sim/latency_model.go", "sim/latency/latency.go", "sim/bundle.go", "sim/bundle_test.go")
-        for rel in (*rels, "cmd/replay.go"):
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_text((root_done / rel).read_text())
-        (root / "cmd/root.go").write_text(edited)
-        before = {p: p.read_text() for p in root.rglob("*") if p.is_file()}
+        replay = (root_done / "cmd/replay.go").read_text()
+        before = _registration_checkout(root, root_done, {"cmd/root.go": edited, "cmd/replay.go": replay})
         assert main(["export-go", entry.id, "--blis", str(root), "--run-dir", str(run_dir)]) == 2, what
         err = _error(capsys)
         assert "cmd/root.go" in err and marker in err and "not as exported" in err, (what, err)
-        assert {p: p.read_text() for p in root.rglob("*") if p.is_file()} == before, what
+        assert _texts(root) == before, what
 
 
 @needs_go
@@ -227,6 +223,22 @@ def _fake_checkout(root: Path, interface_methods: str) -> Path:
         f"package sim\n\ntype LatencyModel interface {{\n{interface_methods}}}\n"
     )
     return root
+
+
+# the files export-go --blis edits besides cmd/ (whose texts each test gives)
+REGISTRATION_FILES = ("go.mod", "sim/latency_model.go", "sim/latency/latency.go", "sim/bundle.go", "sim/bundle_test.go")
+
+
+def _registration_checkout(root: Path, source: Path, cmd_texts: dict[str, str]) -> dict[Path, str]:
+    """ROOT with SOURCE's registration files and CMD_TEXTS (path -> text); its files' texts."""
+    for rel, text in [*((rel, (source / rel).read_text()) for rel in REGISTRATION_FILES), *cmd_texts.items()]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return _texts(root)
+
+
+def _texts(root: Path) -> dict[Path, str]:
+    return {p: p.read_text() for p in root.rglob("*") if p.is_file()}
 
 
 def _error(capsys) -> str:
@@ -426,13 +438,8 @@ def test_a_checkout_blis_cannot_take_is_refused_whole(short_run, tmp_path, capsy
         pytest.skip(f"no BLIS checkout at {BLIS_SRC}")
     run_dir, entry = short_run
     root = tmp_path / "blis"
-    for rel in ("go.mod", "sim/latency_model.go", "sim/latency/latency.go", "sim/bundle.go", "sim/bundle_test.go"):
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text((BLIS_SRC / rel).read_text())
-    (root / "cmd").mkdir()
-    (root / "cmd" / "root.go").write_text("package cmd\n")  # no analytical-backend block
-    (root / "cmd" / "replay.go").write_text("package cmd\n")
-    before = {p: p.read_text() for p in root.rglob("*") if p.is_file()}
+    no_block = "package cmd\n"  # no analytical-backend block
+    before = _registration_checkout(root, BLIS_SRC, {"cmd/root.go": no_block, "cmd/replay.go": no_block})
     assert main(["export-go", entry.id, "--blis", str(root), "--run-dir", str(run_dir)]) == 2
     assert "cmd/root.go" in _error(capsys)
-    assert {p: p.read_text() for p in root.rglob("*") if p.is_file()} == before
+    assert _texts(root) == before

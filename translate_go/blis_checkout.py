@@ -151,8 +151,14 @@ def _resolution_block(name: str) -> str:
     )
 
 
-# right after BLIS's own KV auto-calculation (and its explicit-flag branch) in resolveLatencyConfig
-_KV_ANCHOR = "\t\t// Auto-derive --max-model-len from HF config's max_position_embeddings.\n"
+# (the line a block goes before, what to call it in a refusal): the config block before
+# BLIS's own analytical backends' block; the KV block right after BLIS's own KV
+# auto-calculation (and its explicit-flag branch) in resolveLatencyConfig
+_CONFIG_ANCHOR = ("\t// Analytical backends: parse HF config", "the '// Analytical backends: parse HF config' block")
+_KV_ANCHOR = (
+    "\t\t// Auto-derive --max-model-len from HF config's max_position_embeddings.\n",
+    "the '// Auto-derive --max-model-len from HF config' block",
+)
 _KV_END = "\t\t\ttotalKVBlocks = blocks\n\t\t}\n\n"
 
 
@@ -171,20 +177,24 @@ def _kv_block(name: str) -> str:
     )
 
 
-def _marked_block(text: str, marker: str, end_text: str, block: str, anchor: int, where: tuple) -> tuple[str, bool]:
-    """TEXT with BLOCK in place of its earlier copy (from MARKER to END_TEXT), or inserted at
-    ANCHOR (a position); (text, whether it changed). WHERE is (root, rel) for a refusal.
+def _marked_block(text: str, block: str, marker: str, end_text: str, anchor: tuple, where: tuple) -> tuple[str, bool]:
+    """TEXT with BLOCK in place of its earlier copy (from MARKER to END_TEXT), or inserted
+    before ANCHOR's line (``_CONFIG_ANCHOR``, ``_KV_ANCHOR``); (text, whether it changed).
+    WHERE is (root, rel) for a refusal.
 
-    An earlier copy sits before ANCHOR and holds no other stepsynth block: where it does not
-    (its end edited by hand, the marker twice), replacing up to the next END_TEXT would delete
-    BLIS's code or another backend's block, and inserting would leave two copies."""
+    An earlier copy sits before the anchor and holds no other stepsynth block: where it does
+    not (its end edited by hand, the marker twice), replacing up to the next END_TEXT would
+    delete BLIS's code or another backend's block, and inserting would leave two copies."""
+    anchor_text, anchor_name = anchor
+    at = text.find(anchor_text)
+    _need(at >= 0, *where, anchor_name)
     start = text.find(marker)
     if start < 0:
-        return text[:anchor] + block + text[anchor:], True
+        return text[:at] + block + text[at:], True
     found = text.find(end_text, start)
     end = found + len(end_text)
     other = text.find(f"// {MARK}:", start + len(marker))  # the next stepsynth block, if any
-    whole = found >= 0 and text.count(marker) == 1 and not start < anchor < end and not 0 <= other < end
+    whole = found >= 0 and text.count(marker) == 1 and not start < at < end and not 0 <= other < end
     if not whole:
         root, rel = where
         what = f"the block marked '{marker.strip()}' is not as exported (its end edited, or marked twice)"
@@ -205,15 +215,11 @@ def _cmd(text: str, name: str, root: Path, rel: str) -> tuple[str, str]:
     text = _ANALYTICAL.sub(widen, text)
     if rel == "cmd/root.go":
         _need(found, root, rel, "the analytical-backend conditions")
-        anchor = text.find("\t// Analytical backends: parse HF config")
-        _need(anchor >= 0, root, rel, "the '// Analytical backends: parse HF config' block")
         marker = f'\t// {MARK}: backend "{name}" reads'
-        text, moved = _marked_block(text, marker, "\n\t}\n\n", _resolution_block(name), anchor, (root, rel))
+        text, moved = _marked_block(text, _resolution_block(name), marker, "\n\t}\n\n", _CONFIG_ANCHOR, (root, rel))
         changed += ["config resolution"] * moved
-        anchor = text.find(_KV_ANCHOR)
-        _need(anchor >= 0, root, rel, "the '// Auto-derive --max-model-len from HF config' block")
         marker = f'\t\t// {MARK}: backend "{name}" sizes the KV cache'
-        text, moved = _marked_block(text, marker, _KV_END, _kv_block(name), anchor, (root, rel))
+        text, moved = _marked_block(text, _kv_block(name), marker, _KV_END, _KV_ANCHOR, (root, rel))
         changed += ["KV blocks"] * moved
     return text, f"{len(changed)} place(s) changed" if changed else "unchanged"
 

@@ -16,6 +16,7 @@ import re
 import sympy as sp
 
 from archive.entry import ArchiveEntry
+from primitives.data.experiments import DEFAULT_GPU_MEMORY_UTILIZATION
 from primitives.deployment import GIB, KV_BLOCK_TOKENS, NON_KV_RESERVE_BYTES, Deployment
 from translate_go.blis_deployment import deployment_constants_source, hardware_literal
 from translate_go.golden import python_step_time_us, random_batches
@@ -29,7 +30,6 @@ from translate_go.printer import go_camel, go_float_literal
 BLIS_MODULE = "github.com/inference-sim/inference-sim"
 BLIS_PACKAGE = "latency"  # sim/latency: where BLIS's backends and its factory live
 DEPLOYMENT_GOLDEN_BATCHES = 40  # golden batches checked on each further deployment
-KV_GOLDEN_UTILIZATION = 0.9  # gpu_memory_utilization of the KV-block checks (every experiment's)
 
 _TOP_LEVEL = re.compile(r"^(?:func|type|var|const) ([A-Za-z_]\w*)|^\t([A-Za-z_]\w*)\s", re.M)
 _BLOCK = re.compile(r"^(?:const|var) \($.*?^\)$", re.M | re.S)
@@ -87,15 +87,15 @@ def _model_helpers(expr: sp.Expr, deployment: Deployment, others: list[Deploymen
     for d in others:
         want = python_step_time_us(expr, d, batches)
         values = ", ".join(go_float_literal(v) for v in want)
-        kv_blocks = d.kv_capacity_blocks(KV_GOLDEN_UTILIZATION)
+        kv_blocks = d.kv_capacity_blocks(DEFAULT_GPU_MEMORY_UTILIZATION)
         cases.append(
             f"\t{{\n\t\t{hardware_literal(d, indent=chr(9) * 2)},\n\t\t[]float64{{{values}}},\n\t\t{kv_blocks},\n\t}},"
         )
     return render_template(
         "blis_test_helpers.go.tmpl",
         golden_hardware=hardware_literal(deployment),
-        golden_kv_blocks=deployment.kv_capacity_blocks(KV_GOLDEN_UTILIZATION),
-        kv_utilization=go_float_literal(KV_GOLDEN_UTILIZATION),
+        golden_kv_blocks=deployment.kv_capacity_blocks(DEFAULT_GPU_MEMORY_UTILIZATION),
+        kv_utilization=go_float_literal(DEFAULT_GPU_MEMORY_UTILIZATION),
         kv_block_tokens=KV_BLOCK_TOKENS,
         deployment_cases="\n".join(cases),
         backend=backend,
