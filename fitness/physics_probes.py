@@ -126,9 +126,9 @@ def monotone(base: np.ndarray, heavy: np.ndarray, base_fits: np.ndarray, heavy_f
 
 
 def _fits(batches: list[np.ndarray], deployments: list[Deployment]) -> np.ndarray:
-    """Deployment-major: whether each batch's KV fits in the deployment's cache (at 0.9 of memory)."""
+    """Deployment-major: whether each batch's KV fits in the deployment's cache (at vLLM's default memory share)."""
     kv = np.array([float((b[:, 0] + b[:, 1]).sum()) for b in batches])
-    return np.concatenate([kv <= d.kv_capacity_tokens(0.9) for d in deployments])
+    return np.concatenate([kv <= d.kv_capacity_tokens() for d in deployments])
 
 
 def _columns(batches: list[np.ndarray], deployments: list[Deployment], names: list[str]) -> dict[str, np.ndarray]:

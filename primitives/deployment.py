@@ -20,6 +20,7 @@ from .files import read_mapping
 from .kernels import KernelTables, builtin_kernel_dir, kernel_tables, measured_kernels
 
 KV_BLOCK_TOKENS = 16
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of GPU memory it may use
 GIB = 1 << 30
 # Memory a vLLM worker keeps out of the KV cache besides the weights (activation
 # peak, CUDA graphs, NCCL buffers). Measured from the real traces: with 0.9 of an
@@ -147,12 +148,12 @@ class Deployment:
             )
         return kernel_tables(self.gpu.kernel_dir, self.model, self.tp)
 
-    def kv_capacity_blocks(self, gpu_memory_utilization: float = 0.9) -> int:
+    def kv_capacity_blocks(self, gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> int:
         """KV-cache blocks of 16 tokens that fit per GPU (the Go export's ``KVBlocks`` too)."""
         free = gpu_memory_utilization * self.gpu.memory_bytes - self.weight_bytes_per_gpu - NON_KV_RESERVE_BYTES
         return int(max(free, 0.0) // (self.kv_bytes_per_token_per_gpu * KV_BLOCK_TOKENS))
 
-    def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
+    def kv_capacity_tokens(self, gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> int:
         """KV-cache tokens that fit per GPU, rounded down to whole 16-token blocks."""
         return self.kv_capacity_blocks(gpu_memory_utilization) * KV_BLOCK_TOKENS
 

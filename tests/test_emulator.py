@@ -20,14 +20,13 @@ from fitness.emulator.generate import (
 from fitness.emulator.physics import EmulatorPhysics, HiddenPhysics, expected_noise_floor_mape
 from fitness.emulator.server import EmulatedVLLM
 from fitness.emulator.workloads import (
-    GPU_MEMORY_UTILIZATION,
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
     SERVED_MODELS,
     WORKLOADS,
     experiment_spec,
 )
-from primitives.deployment import DeploymentResolver
+from primitives.deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DeploymentResolver
 
 DATA = DEFAULT_DATA_DIR
 # The real traces' flat schema (shared/data/steps/step_traces.parquet), in order.
@@ -167,7 +166,7 @@ def test_kv_columns_and_timestamps_are_consistent(steps):
     res = DeploymentResolver()
     for m in SERVED_MODELS:
         g = steps[steps["model"] == m.trace_name]
-        blocks = res.resolve(m.trace_name, m.tp).kv_capacity_tokens(GPU_MEMORY_UTILIZATION) // 16
+        blocks = res.resolve(m.trace_name, m.tp).kv_capacity_tokens(DEFAULT_GPU_MEMORY_UTILIZATION) // 16
         assert (g["kv.blocks_total_gpu"] == blocks).all()
     used = steps["kv.blocks_total_gpu"] - steps["kv.blocks_free_gpu"]
     assert (used >= 0).all()

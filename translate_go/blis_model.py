@@ -16,8 +16,7 @@ import re
 import sympy as sp
 
 from archive.entry import ArchiveEntry
-from primitives.data.experiments import DEFAULT_GPU_MEMORY_UTILIZATION
-from primitives.deployment import GIB, KV_BLOCK_TOKENS, NON_KV_RESERVE_BYTES, Deployment
+from primitives.deployment import DEFAULT_GPU_MEMORY_UTILIZATION, GIB, KV_BLOCK_TOKENS, NON_KV_RESERVE_BYTES, Deployment
 from translate_go.blis_deployment import deployment_constants_source, hardware_literal
 from translate_go.golden import python_step_time_us, random_batches
 from translate_go.golden_test_file import golden_test_source

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from primitives.data.experiments import ExperimentSpec
+from primitives.deployment import DEFAULT_GPU_MEMORY_UTILIZATION
 
 DURATION_SCALE = 0.5  # every load stage runs for this fraction of its real duration
-GPU_MEMORY_UTILIZATION = 0.9
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,6 @@ def experiment_spec(model: ServedModel, workload: Workload, duration_scale: floa
         max_model_len=MAX_MODEL_LEN,
         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
         max_num_seqs=MAX_NUM_SEQS,
-        gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
+        gpu_memory_utilization=DEFAULT_GPU_MEMORY_UTILIZATION,
         request_timeout_s=CLIENT_TIMEOUT_S,
     )

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from primitives import checks
+from primitives.deployment import DEFAULT_GPU_MEMORY_UTILIZATION
 from primitives.distribution import PERCENTILES, stat_key
 from primitives.errors import InputError
 from primitives.files import read_mapping
@@ -29,7 +30,6 @@ from primitives.files import read_mapping
 # aiohttp's default total timeout (ClientTimeout(total=300)), which inference-perf keeps
 # when ``load.request_timeout`` is null.
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
 DEFAULT_STAGE_INTERVAL_S = 1.0  # inference-perf's ``load.interval``: pause between stages
 SIMULATED_LOAD_TYPES = ("constant",)  # inference-perf's load timers that fitness.sim.loadgen reproduces
 
