@@ -20,12 +20,11 @@ from fitness.emulator.generate import (
 from fitness.emulator.physics import EmulatorPhysics, HiddenPhysics, expected_noise_floor_mape
 from fitness.emulator.server import EmulatedVLLM
 from fitness.emulator.workloads import (
-    MAX_NUM_BATCHED_TOKENS,
-    MAX_NUM_SEQS,
     SERVED_MODELS,
     WORKLOADS,
     experiment_spec,
 )
+from primitives.data.experiments import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from primitives.deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DeploymentResolver
 
 DATA = DEFAULT_DATA_DIR
@@ -152,8 +151,8 @@ def test_request_detail_matches_the_aggregates(steps, requests):
     np.testing.assert_array_equal(agg["tokens"] - agg["prefill_tokens"], s["batch.decode_tokens"])
     np.testing.assert_array_equal(agg["n_prefill"], s["batch.num_prefill_reqs"])
     np.testing.assert_array_equal(agg["rows"] - agg["n_prefill"], s["batch.num_decode_reqs"])
-    assert (r["new_tokens"] > 0).all() and (s["batch.scheduled_tokens"] <= MAX_NUM_BATCHED_TOKENS).all()
-    assert (s["queue.running_depth"] <= MAX_NUM_SEQS).all()
+    assert (r["new_tokens"] > 0).all() and (s["batch.scheduled_tokens"] <= DEFAULT_MAX_NUM_BATCHED_TOKENS).all()
+    assert (s["queue.running_depth"] <= DEFAULT_MAX_NUM_SEQS).all()
     # a decode computes one token, except the recompute of a preempted request's output
     multi = ~prefill & (r["new_tokens"] > 1)
     preempting = set(steps.loc[steps["batch.num_preempted"] > 0, "experiment_id"])

@@ -19,13 +19,15 @@ import numpy as np
 import sympy as sp
 
 from primitives.compute import features_from_requests, kernel_binding, primitive_columns
+from primitives.data.experiments import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from primitives.deployment import Deployment
 from primitives.language import evaluate_expr
 from translate_go.codegen import expression_primitives, required_features
 
-MAX_MODEL_LEN = 4096  # vLLM max_model_len of every experiment in the data
-MAX_PREFILL_CHUNK = 2048  # max_num_batched_tokens: no prefill chunk is longer
-MAX_BATCH = 128  # max_num_seqs
+# the golden batches span the server limits of every experiment in the data
+MAX_MODEL_LEN = DEFAULT_MAX_MODEL_LEN  # prompt + output KV limit
+MAX_PREFILL_CHUNK = DEFAULT_MAX_NUM_BATCHED_TOKENS  # no prefill chunk is longer
+MAX_BATCH = DEFAULT_MAX_NUM_SEQS  # requests per batch
 INT64_MAX = 2**63 - 1
 
 

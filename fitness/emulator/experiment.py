@@ -26,7 +26,6 @@ import numpy as np
 from fitness.emulator.physics import EmulatorPhysics
 from fitness.emulator.server import EmulatedVLLM
 from fitness.emulator.workloads import (
-    CLIENT_TIMEOUT_S,
     DURATION_SCALE,
     ServedModel,
     Workload,
@@ -181,7 +180,7 @@ def generate_experiment(
 
     status = result.requests.status
     finished_at = np.bincount(traj.last_step[traj.last_step >= 0], minlength=n_steps)
-    waiting = traj.waiting_depth(status, CLIENT_TIMEOUT_S)[kept]
+    waiting = traj.waiting_depth(status, spec.request_timeout_s)[kept]
     blocks_total = result.kv_capacity_blocks
     used = np.minimum(_kv_blocks_used(traj, load, kept), blocks_total)
     free = blocks_total - used

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from primitives.data.experiments import ExperimentSpec
-from primitives.deployment import DEFAULT_GPU_MEMORY_UTILIZATION
 
 DURATION_SCALE = 0.5  # every load stage runs for this fraction of its real duration
 
@@ -33,12 +32,6 @@ class Workload:
     def scaled_stages(self, scale: float = DURATION_SCALE) -> tuple[tuple[float, float], ...]:
         return tuple((rate, duration * scale) for rate, duration in self.stages)
 
-
-# vLLM server limits, identical in every run (exp-config.yaml)
-MAX_NUM_BATCHED_TOKENS = 2048
-MAX_NUM_SEQS = 128
-MAX_MODEL_LEN = 4096
-CLIENT_TIMEOUT_S = 300.0  # aiohttp's default total timeout in inference-perf
 
 WORKLOADS: dict[str, Workload] = {
     "general": Workload("general", 10, 10, 100, 447, 248, ((8.0, 600.0), (20.0, 600.0))),
@@ -83,9 +76,5 @@ def experiment_spec(model: ServedModel, workload: Workload, duration_scale: floa
         system_prompt_len=workload.system_prompt_len,
         question_len=workload.question_len,
         output_len=workload.output_len,
-        max_model_len=MAX_MODEL_LEN,
-        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-        max_num_seqs=MAX_NUM_SEQS,
-        gpu_memory_utilization=DEFAULT_GPU_MEMORY_UTILIZATION,
-        request_timeout_s=CLIENT_TIMEOUT_S,
+        # the server limits, memory share and client timeout: the real runs' (ExperimentSpec's defaults)
     )

@@ -30,6 +30,11 @@ from primitives.files import read_mapping
 # aiohttp's default total timeout (ClientTimeout(total=300)), which inference-perf keeps
 # when ``load.request_timeout`` is null.
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
+# The vLLM server limits of every run in the data (exp-config.yaml): an ExperimentSpec's
+# defaults, the emulator's runs and the Go export's golden batches.
+DEFAULT_MAX_MODEL_LEN = 4096
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+DEFAULT_MAX_NUM_SEQS = 128
 DEFAULT_STAGE_INTERVAL_S = 1.0  # inference-perf's ``load.interval``: pause between stages
 SIMULATED_LOAD_TYPES = ("constant",)  # inference-perf's load timers that fitness.sim.loadgen reproduces
 
@@ -102,9 +107,9 @@ class ExperimentSpec:
     system_prompt_len: int  # configured tokens (before re-tokenisation)
     question_len: int
     output_len: int
-    max_model_len: int = 4096
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 128
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     stage_interval_s: float = DEFAULT_STAGE_INTERVAL_S
