@@ -386,11 +386,17 @@ HELD_OUT_COLUMNS = {  # the mean latencies' errors: every statistic is in the JS
 def held_out_table(groups: dict, what: str):
     """Per held-out model or workload: mean and worst |error| of the mean E2E, TTFT and ITL."""
     from rich.console import Group
+    from rich.text import Text
 
     t = _table(None)
     t.add_column(what, overflow="fold", ratio=1)
     for label in HELD_OUT_COLUMNS.values():
         t.add_column(label, justify="right", no_wrap=True)
+    notes = []
     for g, v in groups.items():
         t.add_row(g, *(fmt_share(v.get(k)) for k in HELD_OUT_COLUMNS))
-    return Group(f"\nper held-out {what}: |error| of the means (all statistics: --json)", t)
+        if v.get("all_failed") and all(v.get(k) is None for k in HELD_OUT_COLUMNS):  # a row of dashes: say why
+            pp = v.get("failure_fraction_diff_pp_max")
+            off = f"; its failed share predicted within {pp:.1f} pp" if pp is not None else ""
+            notes.append(Text(f"{g}: every request of its runs failed, no latency to compare{off}"))
+    return Group(f"\nper held-out {what}: |error| of the means (all statistics: --json)", t, *notes)

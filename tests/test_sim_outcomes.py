@@ -77,3 +77,25 @@ def test_a_servable_experiment_has_no_reason(tmp_path):
     dep = DeploymentResolver().resolve_experiment(spec)
     assert no_success_reason(spec, dep) is None
     assert simulate(spec, dep, reference_model(dep), record=False).metrics.summary.successes > 0
+
+
+def test_a_held_out_group_whose_runs_all_failed_is_explained_under_its_row():
+    from rich.console import Console
+
+    from evolve.validation_view import held_out_table
+
+    failed = {"name": "x", "failures_obs": 500, "failure_fraction_obs": 1.0, "failure_fraction_pred": 0.97}
+    served = {"name": "y", "failures_obs": 0, "failure_fraction_obs": 0.0, "failure_fraction_pred": 0.0}
+    served |= {f"{m}_error": 0.05 for m in ("e2e", "ttft", "itl")}
+    groups = {"Llama-2-7b-hf": summarise([failed]), "Mixtral-8x7B-v0.1": summarise([served])}
+    console = Console(width=80, record=True)
+    console.print(held_out_table(groups, "model"))
+    lines = console.export_text().splitlines()
+    assert max(map(len, lines)) <= 80
+    (dashes,) = [line for line in lines if line.startswith(" Llama-2-7b-hf")]
+    assert set(dashes.split()[1:]) == {"—"}
+    assert "Llama-2-7b-hf: every request of its runs failed, no latency to compare; its failed share predicted" in (
+        " ".join(" ".join(lines).split())
+    )
+    assert "within 3.0 pp" in " ".join(lines)
+    assert not any(line.startswith("Mixtral-8x7B-v0.1:") for line in lines)  # a served group needs no note
