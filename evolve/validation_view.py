@@ -395,8 +395,13 @@ def held_out_table(groups: dict, what: str):
     notes = []
     for g, v in groups.items():
         t.add_row(g, *(fmt_share(v.get(k)) for k in HELD_OUT_COLUMNS))
-        if v.get("all_failed") and all(v.get(k) is None for k in HELD_OUT_COLUMNS):  # a row of dashes: say why
+        if v.get("all_failed"):  # runs with no latency to compare: a row of dashes, or errors of the others
             pp = v.get("failure_fraction_diff_pp_max")
             off = f"; its failed share predicted within {pp:.1f} pp" if pp is not None else ""
-            notes.append(Text(f"{g}: every request of its runs failed, no latency to compare{off}"))
+            if all(v.get(k) is None for k in HELD_OUT_COLUMNS):
+                what_failed = "every request of its runs failed, no latency to compare"
+            else:
+                runs = f"{v['all_failed']} of its {v.get('with_results', '?')} runs"
+                what_failed = f"{runs} failed every request, not in its errors"
+            notes.append(Text(f"{g}: {what_failed}{off}"))
     return Group(f"\nper held-out {what}: |error| of the means (all statistics: --json)", t, *notes)

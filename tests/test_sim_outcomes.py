@@ -99,3 +99,7 @@ def test_a_held_out_group_whose_runs_all_failed_is_explained_under_its_row():
     )
     assert "within 3.0 pp" in " ".join(lines)
     assert not any(line.startswith("Mixtral-8x7B-v0.1:") for line in lines)  # a served group needs no note
+    console = Console(width=80, record=True)
+    console.print(held_out_table({"general": summarise([failed, served])}, "workload"))
+    text = " ".join(console.export_text().split())
+    assert "general 5.0% 5.0%" in text and "general: 1 of its 2 runs failed every request, not in its errors" in text
