@@ -23,7 +23,15 @@ def _applies(patch: Path, tree: Path) -> subprocess.CompletedProcess:
     return subprocess.run([git, "apply", "--check", str(patch)], cwd=tree, capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("name", ["blis_keep_generated_tokens.patch", "blis_vllm_preemption.patch"])
+BLIS_PATCHES = [
+    "blis_keep_generated_tokens.patch",
+    "blis_vllm_preemption.patch",
+    "blis_share_group_system_prompt.patch",
+]
+PROJECT_PATCHES = ["project_free_finished_at_once.patch", "project_no_group_system_prompt.patch"]
+
+
+@pytest.mark.parametrize("name", BLIS_PATCHES)
 def test_blis_patches_apply_to_the_pinned_blis(name):
     if not BLIS_SRC.is_dir():
         pytest.skip(f"no BLIS checkout at {BLIS_SRC} (set STEPSYNTH_SHARED to the shared/ folder)")
@@ -31,14 +39,11 @@ def test_blis_patches_apply_to_the_pinned_blis(name):
     assert res.returncode == 0, res.stderr
 
 
-def test_project_patch_applies_to_this_checkout():
-    res = _applies(PATCHES / "project_free_finished_at_once.patch", ROOT)
+@pytest.mark.parametrize("name", PROJECT_PATCHES)
+def test_project_patches_apply_to_this_checkout(name):
+    res = _applies(PATCHES / name, ROOT)
     assert res.returncode == 0, res.stderr
 
 
 def test_every_patch_is_checked_here():
-    assert {p.name for p in PATCHES.glob("*.patch")} == {
-        "blis_keep_generated_tokens.patch",
-        "blis_vllm_preemption.patch",
-        "project_free_finished_at_once.patch",
-    }
+    assert {p.name for p in PATCHES.glob("*.patch")} == {*BLIS_PATCHES, *PROJECT_PATCHES}
