@@ -22,6 +22,8 @@ from fitness.emulator.server import EmulatedVLLM
 from fitness.emulator.workloads import (
     SERVED_MODELS,
     WORKLOADS,
+    all_experiments,
+    experiment_id,
     experiment_spec,
 )
 from primitives.data.experiments import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
@@ -257,6 +259,19 @@ def test_generation_is_deterministic_for_a_seed():
     pd.testing.assert_frame_equal(a.requests, b.requests)
     c = generate_experiment(m, w, seed=6, index=4, duration_scale=0.02)
     assert not a.steps["step.ts_start_ns"].equals(c.steps["step.ts_start_ns"])
+
+
+@pytest.mark.parametrize("index", [3, 14])  # Llama-2-7B reasoning (its KV cache fills), Mixtral roleplay (MoE)
+def test_the_shipped_data_is_what_the_emulator_generates_now(index, steps, requests, metadata):
+    """The embedded dataset is the emulator's output at the shipped seed: a change to the
+    simulator or the emulator that alters it must regenerate the data (README,
+    "Regenerating the embedded data"). Two experiments, regenerated alone (each has its
+    own random streams), row for row."""
+    model, workload = all_experiments()[index]
+    name = experiment_id(model, workload)
+    part = generate_experiment(model, workload, metadata["seed"], index, duration_scale=metadata["duration_scale"])
+    pd.testing.assert_frame_equal(part.steps, steps[steps["experiment_id"] == name].reset_index(drop=True))
+    pd.testing.assert_frame_equal(part.requests, requests[requests["experiment_id"] == name].reset_index(drop=True))
 
 
 def test_decode_calibration_points():
