@@ -399,9 +399,9 @@ def held_out_table(groups: dict, what: str):
             pp = v.get("failure_fraction_diff_pp_max")
             off = f"; its failed share predicted within {pp:.1f} pp" if pp is not None else ""
             if all(v.get(k) is None for k in HELD_OUT_COLUMNS):
-                what_failed = "every request of its runs failed, no latency to compare"
+                what_failed = "every request of its real runs failed, no latency to compare"
             else:
-                runs = f"{v['all_failed']} of its {v.get('with_results', '?')} runs"
+                runs = f"{v['all_failed']} of its {v.get('with_results', '?')} real runs"
                 what_failed = f"{runs} failed every request, not in its errors"
             notes.append(Text(f"{g}: {what_failed}{off}"))
     return Group(f"\nper held-out {what}: |error| of the means (all statistics: --json)", t, *notes)

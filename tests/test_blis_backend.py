@@ -202,7 +202,7 @@ def test_blis_run_follows_model_tp_and_matches_python(blis, blis_binary, tmp_pat
         # the KV cache is vLLM's (Python's), not BLIS's own estimate of about TP times as many blocks
         own = int(re.search(r"auto-calculated total-kv-blocks=(\d+)", proc.stderr).group(1))
         blocks = int(re.search(r"stepsynth: total-kv-blocks=(\d+), vLLM's", proc.stderr).group(1))
-        assert blocks == default_resolver().resolve(model, tp).kv_capacity_blocks(0.9), (model, tp)
+        assert blocks == default_resolver().resolve(model, tp).kv_capacity_blocks(), (model, tp)
         assert own > (tp - 0.5) * blocks  # BLIS's issue #1545, which the export works around
         m = _metrics(proc.stdout)
         assert m["completed_requests"] == REQUESTS

@@ -33,7 +33,9 @@ from translate_go.non_step import non_step_go_names
 from translate_go.printer import go_float_literal
 
 QUEUE_TEST_INPUT_TOKENS = 1000  # prompt length the QueueingTime test case uses
-BENCH_BATCH_REQUESTS = 128  # requests in the template's benchBatch (also the step before the load case)
+# requests in the template's benchBatch (also the step before the load case): a fixed
+# benchmark shape, the issue's 128-request batch, not the golden batches' limit
+BENCH_BATCH_REQUESTS = 128
 STANDALONE_MODEL_HELPER = """// goldenModel is the model under test (its constants are baked in).
 func goldenModel(testing.TB) *Model { return NewModel() }
 """

@@ -52,8 +52,10 @@ def _write_parquet(df, path: Path, delta_columns: tuple[str, ...] = ()) -> None:
 
 
 def sources_fingerprint() -> str:
-    """Digest of the code the data depends on, the simulator (``fitness/sim``) and this
-    package (regenerate the data when it changes)."""
+    """Digest of the simulator (``fitness/sim``) and this package, the code the data most
+    depends on (not all of it: the deployments and the runs' defaults live in
+    ``primitives``). A record, not a check: ``tests/test_emulator.py`` regenerates two
+    experiments and compares them with the shipped rows."""
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
     for package in (here.parent / "sim", here):

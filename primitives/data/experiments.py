@@ -457,6 +457,9 @@ def find_experiments(root: str | Path) -> list[ExperimentSpec]:
 
 
 __all__ = [
+    "DEFAULT_MAX_MODEL_LEN",
+    "DEFAULT_MAX_NUM_BATCHED_TOKENS",
+    "DEFAULT_MAX_NUM_SEQS",
     "DEFAULT_REQUEST_TIMEOUT_S",
     "ExperimentSpec",
     "LifecycleMetrics",
