@@ -27,7 +27,7 @@ from fitness.emulator.workloads import (
     experiment_spec,
 )
 from primitives.data.experiments import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
-from primitives.deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DeploymentResolver
+from primitives.deployment import DeploymentResolver
 
 DATA = DEFAULT_DATA_DIR
 # The real traces' flat schema (shared/data/steps/step_traces.parquet), in order.
@@ -167,7 +167,7 @@ def test_kv_columns_and_timestamps_are_consistent(steps):
     res = DeploymentResolver()
     for m in SERVED_MODELS:
         g = steps[steps["model"] == m.trace_name]
-        blocks = res.resolve(m.trace_name, m.tp).kv_capacity_tokens(DEFAULT_GPU_MEMORY_UTILIZATION) // 16
+        blocks = res.resolve(m.trace_name, m.tp).kv_capacity_blocks()
         assert (g["kv.blocks_total_gpu"] == blocks).all()
     used = steps["kv.blocks_total_gpu"] - steps["kv.blocks_free_gpu"]
     assert (used >= 0).all()

@@ -47,8 +47,8 @@ def test_models_resolve_with_their_architecture(name, tp, layers, kv_heads, para
 def test_kv_capacity_matches_the_real_block_counts():
     r = default_resolver()
     # vLLM reported 31,356 blocks (70B TP4) and 26,602 (34B TP2) in the real traces
-    assert r.resolve("llama-2-70b", 4).kv_capacity_tokens() / 16 == pytest.approx(31356, rel=0.002)
-    assert r.resolve("codellama-34b", 2).kv_capacity_tokens() / 16 == pytest.approx(26602, rel=0.002)
+    assert r.resolve("llama-2-70b", 4).kv_capacity_blocks() == pytest.approx(31356, rel=0.002)
+    assert r.resolve("codellama-34b", 2).kv_capacity_blocks() == pytest.approx(26602, rel=0.002)
 
 
 def test_mixtral_moe_ratios_and_dense_gives_one():

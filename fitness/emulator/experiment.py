@@ -11,7 +11,7 @@ How the flat columns are derived from the simulation (``generate_experiment``):
   ``progress < input_len``; a preempted request's recompute of its output therefore counts
   as decode tokens); ``queue.running_depth`` = requests in the batch;
 * ``queue.waiting_depth``: enqueued, not yet (re)admitted, not yet aborted;
-* ``kv.blocks_free_gpu``: capacity (``Deployment.kv_capacity_tokens()``, at vLLM's default 0.9) minus the
+* ``kv.blocks_free_gpu``: capacity (``Deployment.kv_capacity_blocks()``, at vLLM's default 0.9) minus the
   distinct blocks the batch holds after the step (``ceil(context/16)`` per request,
   prompt blocks shared through the prefix cache counted once per group/user).
 """
