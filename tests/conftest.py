@@ -8,6 +8,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+# A subprocess of the tests runs this checkout (not whatever is installed) and inherits
+# nothing of the caller's environment (a STEPSYNTH_* variable, a user's site folder).
+SUBPROCESS_ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -10,12 +10,10 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-from conftest import small_trace
+from conftest import SUBPROCESS_ENV, small_trace
 
 from evolve.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
-ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
 N_ROWS = 40
 TINY = ["--generations", "1", "--population", "8", "--data", "good.csv"]  # a run of seconds, in `work`
 
@@ -54,7 +52,7 @@ def run_args(data, *extra):
 def run_evolve(cwd: Path, *args, timeout: float = 120) -> subprocess.CompletedProcess:
     """``python -m evolve ARGS`` as a user runs it, in ``cwd``."""
     command = [sys.executable, "-m", "evolve", *map(str, args)]
-    return subprocess.run(command, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(command, cwd=cwd, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=timeout)
 
 
 def spawn_evolve(
@@ -63,7 +61,7 @@ def spawn_evolve(
     """``python -m evolve ARGS`` started in ``cwd``, to signal or read while it runs (stderr piped,
     or STDERR: ``subprocess.STDOUT`` for one pipe of both); ENV: variables beside the tests' own."""
     command = [sys.executable, "-m", "evolve", *map(str, args)]
-    env = {**ENV, **(env or {})}
+    env = {**SUBPROCESS_ENV, **(env or {})}
     return subprocess.Popen(command, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=True)
 
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import SUBPROCESS_ENV
 
 from archive.store import ArchiveStore
 
@@ -74,20 +75,25 @@ def check_consistent(path: Path) -> int:
         conn.close()
 
 
+def _start_writer(path: Path) -> subprocess.Popen:
+    """A process that writes generations into the archive at PATH until it is killed."""
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path), str(PER_GENERATION)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=SUBPROCESS_ENV,
+    )
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL")
 def test_sigkill_during_writes_never_corrupts(tmp_path: Path):
     path = tmp_path / "archive.sqlite"
     rng = random.Random(20240506)  # fixed: the same kill schedule every run
     last = -1
     for attempt in range(10):  # a fixed number of kills, however fast the machine (pytest-timeout guards a hang)
-        proc = subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(path), str(PER_GENERATION)],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-        )
+        proc = _start_writer(path)
         try:
             if attempt == 0:
                 time.sleep(rng.uniform(0.0, 0.08))  # maybe during schema creation / start_run
@@ -101,14 +107,7 @@ def test_sigkill_during_writes_never_corrupts(tmp_path: Path):
         assert now >= last  # committed generations never disappear
         last = now
     if last < 1:  # a slow (loaded) machine: let one writer commit, then kill it mid-stream
-        proc = subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(path), str(PER_GENERATION)],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-        )
+        proc = _start_writer(path)
         try:
             until = time.monotonic() + 30.0
             while time.monotonic() < until and check_consistent(path) < 1:

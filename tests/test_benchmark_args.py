@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import load_benchmark
-from error_lines import ENV, ROOT, assert_one_line_error
+from conftest import ROOT, SUBPROCESS_ENV, load_benchmark
+from error_lines import assert_one_line_error
 
 NO_SHARED = "no-shared"  # below the working directory; never created
 
@@ -73,7 +73,7 @@ def workdir(tmp_path_factory) -> Path:
 
 def run_benchmark(cwd: Path, name: str, *args: str) -> subprocess.CompletedProcess:
     command = [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args]
-    env = {**ENV, "STEPSYNTH_SHARED": str(cwd / NO_SHARED)}
+    env = {**SUBPROCESS_ENV, "STEPSYNTH_SHARED": str(cwd / NO_SHARED)}
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
 

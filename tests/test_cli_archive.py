@@ -12,6 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from conftest import SUBPROCESS_ENV
 
 from archive.entry import ArchiveEntry, entry_id_for
 from archive.rundir import record_latest
@@ -361,7 +362,7 @@ def test_python_dash_m_entry_point(project: Path):
         cwd=project.parent.parent,
         capture_output=True,
         text=True,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        env=SUBPROCESS_ENV,
     )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ")
@@ -370,7 +371,7 @@ def test_python_dash_m_entry_point(project: Path):
         cwd=project.parent.parent,
         capture_output=True,
         text=True,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        env=SUBPROCESS_ENV,
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["id"] == FRONT[1].id

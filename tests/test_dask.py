@@ -8,8 +8,6 @@ connects to it by address (what ``--scheduler`` does). The CLI test lets
 import json
 import random
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 from conftest import small_trace  # noqa: E402
+from error_lines import run_evolve  # noqa: E402
 from test_search import planted_table  # noqa: E402
 
 from evolve.config import RunConfig  # noqa: E402
@@ -25,9 +24,6 @@ from evolve.search import Search  # noqa: E402
 from fitness.scoring import FitnessContext  # noqa: E402
 from primitives.errors import InputError  # noqa: E402
 from primitives.language import canonical  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
 
 
 @pytest.fixture(scope="module")
@@ -88,23 +84,19 @@ def _tiny_trace(path: Path) -> None:
     small_trace().to_csv(path, index=False)
 
 
-def _cli(args, cwd):
-    return subprocess.run(
-        [sys.executable, "-m", "evolve", *args], cwd=cwd, capture_output=True, text=True, env=ENV, timeout=180
-    )
-
-
 def test_cli_backend_dask_starts_a_local_cluster_and_matches_loky(tmp_path):
     _tiny_trace(tmp_path / "trace.csv")
     common = ["--generations", "3", "--population", "30", "--data", "trace.csv", "--seed", "5"]
-    res = _cli(["run", *common, "--backend", "dask", "--jobs", "2", "--run-dir", "runs/dask"], tmp_path)
+    res = run_evolve(
+        tmp_path, "run", *common, "--backend", "dask", "--jobs", "2", "--run-dir", "runs/dask", timeout=180
+    )
     assert res.returncode == 0, res.stderr
     assert "Traceback" not in res.stderr
-    res = _cli(["run", *common, "--run-dir", "runs/serial"], tmp_path)
+    res = run_evolve(tmp_path, "run", *common, "--run-dir", "runs/serial", timeout=180)
     assert res.returncode == 0, res.stderr
     fronts = []
     for name in ("dask", "serial"):
-        out = _cli(["archive", "list", "--json", "--run-dir", f"runs/{name}"], tmp_path)
+        out = run_evolve(tmp_path, "archive", "list", "--json", "--run-dir", f"runs/{name}", timeout=180)
         assert out.returncode == 0, out.stderr
         fronts.append([(e["id"], e["expression"], e["objectives"]) for e in json.loads(out.stdout)])
     assert fronts[0] and fronts[0] == fronts[1]

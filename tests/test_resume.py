@@ -11,16 +11,14 @@ import pickle
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from error_lines import run_evolve, spawn_evolve
 
-ROOT = Path(__file__).resolve().parent.parent
-ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
 # a kill lands long before the end: 40 generations take about 6 s (2026-11-29, 2 cores),
 # and a kill waits at most 0.31 s after the generation it is aimed at
 GENERATIONS = 40
@@ -59,11 +57,8 @@ def _tiny_trace(path: Path) -> None:
     pd.concat(frames).to_csv(path, index=False)
 
 
-def _run_cmd(run_dir: str, checkpoint_every: int) -> list[str]:
+def _run_args(run_dir: str, checkpoint_every: int) -> list[str]:
     return [
-        sys.executable,
-        "-m",
-        "evolve",
         "run",
         "--generations",
         str(GENERATIONS),
@@ -80,14 +75,8 @@ def _run_cmd(run_dir: str, checkpoint_every: int) -> list[str]:
     ]
 
 
-def _resume_cmd(run_dir: str) -> list[str]:
-    return [sys.executable, "-m", "evolve", "run", "--generations", str(GENERATIONS), "--resume", run_dir]
-
-
-def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "evolve", *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300
-    )
+def _resume_args(run_dir: str) -> list[str]:
+    return ["run", "--generations", str(GENERATIONS), "--resume", run_dir]
 
 
 def _last_generation(run_dir: Path) -> int | None:
@@ -113,10 +102,6 @@ def _checkpoint_generation(run_dir: Path) -> int | None:
         return pickle.load(fh)["state"].generation  # a torn checkpoint would raise here
 
 
-def _start(cmd: list[str], cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
 def _checkpoint_mtime(run_dir: Path) -> float:
     try:
         return (run_dir / "checkpoint.pkl").stat().st_mtime
@@ -138,7 +123,7 @@ def _kill_after(
         if proc.poll() is not None:
             pytest.fail(
                 f"the run ended (status {proc.returncode}) before generation {min_generation}: "
-                f"{proc.stderr.read().decode()[-2000:]}"
+                f"{proc.stderr.read()[-2000:]}"
             )
         if time.monotonic() > deadline:
             proc.kill()
@@ -153,7 +138,9 @@ def _kill_after(
 
 
 def _archive(run_dir: str, cwd: Path, everything: bool = False) -> list[tuple]:
-    res = _cli(["archive", "list", "--json", "--run-dir", run_dir, *(["--all"] if everything else [])], cwd)
+    res = run_evolve(
+        cwd, "archive", "list", "--json", "--run-dir", run_dir, *(["--all"] if everything else []), timeout=300
+    )
     assert res.returncode == 0, res.stderr
     entries = json.loads(res.stdout)
     # run_id names the run directory, which differs on purpose; everything else must match
@@ -189,20 +176,20 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def uninterrupted(workdir):
-    res = subprocess.run(_run_cmd("runs/whole", 2), cwd=workdir, env=ENV, capture_output=True, text=True, timeout=300)
+    res = run_evolve(workdir, *_run_args("runs/whole", 2), timeout=300)
     assert res.returncode == 0, res.stderr
     return _archive("runs/whole", workdir), _archive("runs/whole", workdir, everything=True)
 
 
 def test_killed_then_resumed_run_equals_an_uninterrupted_one(workdir, uninterrupted):
     run_dir = workdir / "runs" / "killed"
-    proc = _start(_run_cmd("runs/killed", 2), workdir)
+    proc = spawn_evolve(workdir, *_run_args("runs/killed", 2))
     _kill_after(proc, run_dir, min_generation=4, extra_s=0.15)  # inside generation 5 or 6
     killed_at = _checkpoint_generation(run_dir)
     assert killed_at is not None and 4 <= killed_at < GENERATIONS
     assert _integrity(run_dir) == "ok"
 
-    res = subprocess.run(_resume_cmd("runs/killed"), cwd=workdir, env=ENV, capture_output=True, text=True, timeout=300)
+    res = run_evolve(workdir, *_resume_args("runs/killed"), timeout=300)
     assert res.returncode == 0, res.stderr
     assert _checkpoint_generation(run_dir) == GENERATIONS
 
@@ -214,7 +201,7 @@ def test_killed_then_resumed_run_equals_an_uninterrupted_one(workdir, uninterrup
 def test_repeated_kills_never_corrupt_the_archive_or_the_checkpoint(workdir, uninterrupted):
     """Checkpoint (and record) every generation, kill at staggered moments, resume each time."""
     run_dir = workdir / "runs" / "stormy"
-    proc = _start(_run_cmd("runs/stormy", 1), workdir)
+    proc = spawn_evolve(workdir, *_run_args("runs/stormy", 1))
     _kill_after(proc, run_dir, min_generation=1, extra_s=0.0)
     kills = 1
     # staggered delays so that kills land in scoring, in sympy, in sqlite writes and in fsync
@@ -224,7 +211,7 @@ def test_repeated_kills_never_corrupt_the_archive_or_the_checkpoint(workdir, uni
         assert done is not None
         if done >= GENERATIONS - 4:  # too close to the end to kill reliably
             break
-        proc = _start(_resume_cmd("runs/stormy"), workdir)
+        proc = spawn_evolve(workdir, *_resume_args("runs/stormy"))
         try:
             _kill_after(proc, run_dir, min_generation=done + 1, extra_s=extra, new_checkpoint=True)
         except pytest.fail.Exception:
@@ -233,7 +220,7 @@ def test_repeated_kills_never_corrupt_the_archive_or_the_checkpoint(workdir, uni
         kills += 1
     assert kills >= 3, f"only {kills} kills landed before the run neared its end"
     assert _integrity(run_dir) == "ok"
-    res = subprocess.run(_resume_cmd("runs/stormy"), cwd=workdir, env=ENV, capture_output=True, text=True, timeout=300)
+    res = run_evolve(workdir, *_resume_args("runs/stormy"), timeout=300)
     assert res.returncode == 0, res.stderr
     assert _integrity(run_dir) == "ok"
     # checkpointing every generation records more generations, but the last front is the same

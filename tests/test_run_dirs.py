@@ -15,7 +15,8 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from error_lines import ENV, TINY, assert_one_line_error, call, spawn_evolve
+from conftest import SUBPROCESS_ENV
+from error_lines import TINY, assert_one_line_error, call, spawn_evolve
 
 from archive.rundir import RunLock
 from evolve.config import NUMERIC_PACKAGES
@@ -266,7 +267,7 @@ def test_a_kill_during_run_json_replacement_leaves_old_or_new(tmp_path):
     )
     path = tmp_path / "run.json"
     for delay in (0.3, 0.45, 0.61, 0.77):
-        proc = subprocess.Popen([sys.executable, "-c", script, str(path)], env=ENV)
+        proc = subprocess.Popen([sys.executable, "-c", script, str(path)], env=SUBPROCESS_ENV)
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         proc.wait()

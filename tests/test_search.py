@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import small_trace, tiny_replay_rows
+from conftest import SUBPROCESS_ENV, small_trace, tiny_replay_rows
 
 from evolve.config import RunConfig
 from evolve.evaluator import Evaluator
@@ -19,8 +19,6 @@ from primitives.deployment import default_resolver
 from primitives.language import canonical
 from primitives.registry import AGGREGATE_FEATURES, supported_primitives
 from seeds import SEEDS, seeds_for
-
-ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
 
 def planted_table(n=3000, seed=0, noise=0.02):
@@ -108,16 +106,14 @@ def test_short_end_to_end_run_writes_an_archive(tmp_path):
     # matmuls: only with a floor at half the kernels do models near it pass the physics probes
     cmd = [sys.executable, "-m", "evolve", "run", "--generations", "3", "--population", "24", "--data", "trace.csv"]
     cmd += ["--efficiency-bounds", "0.5,4"]
-    res = subprocess.run(
-        cmd, cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    )
+    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=SUBPROCESS_ENV)
     assert res.returncode == 0, res.stderr
     out = subprocess.run(
         [sys.executable, "-m", "evolve", "archive", "list", "--json"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        env=SUBPROCESS_ENV,
     )
     assert out.returncode == 0, out.stderr
     front = json.loads(out.stdout)
