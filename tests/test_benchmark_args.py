@@ -53,6 +53,8 @@ BAD = [
     ("trace_checks", ["--id", "x"], "--run-dir"),
     ("trace_checks", ["--data", "nowhere.parquet"], "--data"),
     ("ttft_load", ["nowhere.json"], "nowhere.json"),
+    ("stage_stalls", ["--experiments", "nowhere"], "nowhere"),
+    ("stage_stalls", [], NO_SHARED),  # the default: the shared folder, absent here
     ("trace_model", ["--help"], "trace_checks.py"),  # helper modules: they say what to run instead
     ("trace_queue", ["--help"], "trace_checks.py"),
 ]
