@@ -73,7 +73,7 @@ def table(experiments_dir: Path) -> list[str]:
     lines = [HEADER]
     by_deployment: dict[str, list[list[float]]] = {}
     for spec in specs:
-        for k in range(len(spec.stages)):
+        for k in range(len(spec.observed.stages)):  # a run may have a summary and no stage files
             row = stage_row(Path(spec.path) / "results" / f"stage_{k}_lifecycle_metrics.json")
             if row is None:
                 continue

@@ -63,6 +63,12 @@ def test_a_missing_statistic_is_one_line_naming_file_and_field(stalls, tmp_path,
     assert "successes.latency.inter_token_latency.max" in err
 
 
+def test_a_run_without_stage_files_gives_no_row(stalls, tmp_path):
+    d = _experiment(tmp_path, [_with_percentiles(0.75)])
+    (d / "results" / "stage_0_lifecycle_metrics.json").unlink()  # the summary alone
+    assert not [line for line in stalls.table(tmp_path) if line.startswith("llama-2-7b")]
+
+
 def test_no_experiment_with_results_is_refused(stalls, tmp_path, capsys):
     _make(tmp_path, metrics=False)  # a blind run: inputs only
     assert stalls.main(["--experiments", str(tmp_path)]) == 2
