@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evolve.cli_parser import OneLineParser  # noqa: E402
 from evolve.report import short_experiment_name  # noqa: E402
+from primitives import checks  # noqa: E402
 from primitives.data.experiments import LATENCY_FILE_KEYS, find_experiments  # noqa: E402
 from primitives.data.roots import shared_data_root  # noqa: E402
 from primitives.errors import InputError  # noqa: E402
@@ -34,34 +35,27 @@ HEADER = (
 )
 
 
-def _stat(block: dict, key: str, path: Path, field: str) -> float:
-    value = block.get(key)
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise InputError(path, f"{field}.{key}", "a number of seconds")
-    return float(value)
-
-
 def stage_row(path: Path) -> dict[str, float] | None:
     """The pauses of one stage's lifecycle file, seconds; None where no request succeeded."""
     data = read_mapping(path, "json")  # unreadable or not JSON: one line naming the file
     latency = (data.get("successes") or {}).get("latency")
     if not latency:
         return None
-    blocks = {}
-    for metric in ("e2e", "ttft", "itl"):
+
+    def stat(metric: str, key: str) -> float:
         field = f"successes.latency.{LATENCY_FILE_KEYS[metric]}"
         block = latency.get(LATENCY_FILE_KEYS[metric])
         if not isinstance(block, dict):
             raise InputError(path, field, "the client's percentiles of this latency")
-        blocks[metric] = (block, field)
-    (e2e, e2e_f), (ttft, ttft_f), (itl, itl_f) = blocks["e2e"], blocks["ttft"], blocks["itl"]
-    median = _stat(e2e, "median", path, e2e_f)
+        return float(checks.number(block.get(key), path, f"{field}.{key}", allow_zero=True))
+
+    median = stat("e2e", "median")
     return {
-        "gap_s": _stat(itl, "max", path, itl_f),
-        "e2e_p99_over_s": _stat(e2e, "p99", path, e2e_f) - median,
-        "e2e_p999_over_s": _stat(e2e, "p99.9", path, e2e_f) - median,
-        "ttft_p99_s": _stat(ttft, "p99", path, ttft_f),
-        "ttft_max_s": _stat(ttft, "max", path, ttft_f),
+        "gap_s": stat("itl", "max"),
+        "e2e_p99_over_s": stat("e2e", "p99") - median,
+        "e2e_p999_over_s": stat("e2e", "p99.9") - median,
+        "ttft_p99_s": stat("ttft", "p99"),
+        "ttft_max_s": stat("ttft", "max"),
     }
 
 
